@@ -1,0 +1,3 @@
+from pulsegate.cli import main
+
+raise SystemExit(main())

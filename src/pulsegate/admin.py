@@ -1,0 +1,83 @@
+"""Admin endpoints: read the fleet's verdicts and events; drain, undrain or eject a backend.
+
+Guarded by a bearer token when `gateway.admin_token_env` names a set environment variable.
+The token is compared in constant time and never echoed, logged or shown.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from pulsegate import clock
+from pulsegate.gateway import Gateway
+from pulsegate.proxy.errors import error_response
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(doc: object, status: int = 200) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(doc, default=str), status=status, content_type="application/json"
+    )
+
+
+class Admin:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        env = gw.config.gateway.admin_token_env
+        # Configured but unset (or empty) fails closed: every admin call is refused.
+        self._token = os.environ.get(env, "") if env else None
+
+    def guard(self, handler: Handler) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if self._token is not None:
+                auth = request.headers.get("authorization", "")
+                given = auth[7:] if auth[:7].lower() == "bearer " else ""
+                if not self._token or not hmac.compare_digest(
+                    given.encode(), self._token.encode()
+                ):
+                    return error_response(401, "admin token required", "unauthorized")
+            return await handler(request)
+
+        return guarded
+
+    async def backends(self, request: web.Request) -> web.StreamResponse:
+        gw = self.gw
+        return _json(
+            {
+                "backends": [gw.backend_view(name) for name in gw.backends],
+                "panic": gw.fleet.panic,
+            }
+        )
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        try:
+            since = int(request.query.get("since", "0"))
+            limit = int(request.query.get("limit", "500"))
+        except ValueError:
+            return error_response(400, "'since' and 'limit' must be integers", "invalid_query")
+        backend = request.query.get("backend")
+        return _json({"events": self.gw.events.since(since, backend, limit)})
+
+    async def action(self, request: web.Request) -> web.StreamResponse:
+        gw = self.gw
+        name = request.match_info["name"]
+        verb = request.match_info["action"]
+        if name not in gw.backends:
+            return error_response(404, f"no backend named '{name}'", "backend_not_found")
+        now = clock.monotonic()
+        if verb == "drain":
+            transitions = gw.fleet.drain(name, now)
+        elif verb == "undrain":
+            transitions = gw.fleet.undrain(name, now)
+        elif verb == "eject":
+            transitions = gw.fleet.eject(name, now, "admin")
+        else:
+            return error_response(404, f"unknown action '{verb}'", "unknown_action")
+        gw.on_transitions(transitions)
+        return _json(gw.backend_view(name))

@@ -1,0 +1,67 @@
+"""The gateway's HTTP surface: OpenAI endpoints, health, metrics, admin and dashboard."""
+
+from __future__ import annotations
+
+import importlib.resources
+
+import orjson
+from aiohttp import web
+
+from pulsegate.admin import Admin
+from pulsegate.gateway import Gateway
+from pulsegate.proxy.errors import error_response
+from pulsegate.proxy.forward import Forwarder
+
+GATEWAY_KEY = web.AppKey("gateway", Gateway)
+
+
+def build_app(gw: Gateway) -> web.Application:
+    # client_max_size makes aiohttp refuse oversize bodies while reading; Forwarder turns
+    # that into an OpenAI-shaped 413. The extra byte lets a body of exactly the limit pass.
+    app = web.Application(client_max_size=gw.config.gateway.max_body_bytes + 1)
+    app[GATEWAY_KEY] = gw
+    fwd = Forwarder(gw)
+    admin = Admin(gw)
+    models_cache: dict[str, object] = {"key": None, "body": b""}
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        names = sorted(gw.fleet.models())
+        key = tuple(names)
+        if models_cache["key"] != key:
+            data = [{"id": m, "object": "model", "owned_by": "pulsegate"} for m in names]
+            models_cache["body"] = orjson.dumps({"object": "list", "data": data})
+            models_cache["key"] = key
+        return web.Response(body=models_cache["body"], content_type="application/json")  # type: ignore[arg-type]
+
+    async def healthz(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        return web.Response(text=gw.registry.render(), content_type="text/plain", charset="utf-8")
+
+    async def dashboard(request: web.Request) -> web.StreamResponse:
+        try:
+            html = (
+                importlib.resources.files("pulsegate.observe")
+                .joinpath("static/dashboard.html")
+                .read_bytes()
+            )
+        except FileNotFoundError:
+            return web.Response(text="dashboard not built", status=404)
+        return web.Response(body=html, content_type="text/html")
+
+    async def not_found(request: web.Request) -> web.StreamResponse:
+        return error_response(404, f"no route for {request.method} {request.path}", "not_found")
+
+    r = app.router
+    r.add_post("/v1/chat/completions", fwd.chat)
+    r.add_post("/v1/completions", fwd.completions)
+    r.add_get("/v1/models", models)
+    r.add_get("/healthz", healthz)
+    r.add_get("/metrics", metrics)
+    r.add_get("/dashboard", dashboard)
+    r.add_get("/admin/backends", admin.guard(admin.backends))
+    r.add_get("/admin/events", admin.guard(admin.events))
+    r.add_post("/admin/backends/{name}/{action}", admin.guard(admin.action))
+    r.add_route("*", "/{tail:.*}", not_found)
+    return app

@@ -1,0 +1,96 @@
+"""The one entry point: `pulsegate serve|demo|sim|agent|status|check`.
+
+Each subcommand imports its module lazily so `pulsegate check` stays fast and a missing
+optional dependency only breaks the command that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pulsegate", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("-c", "--config", required=True, help="YAML config file")
+
+    sub.add_parser("demo", help="simulated fleet + gateway + traffic + a fault cycle")
+
+    s = sub.add_parser("sim", help="one simulated OpenAI-compatible engine")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--name", default="sim")
+    s.add_argument("--model", default="demo-7b")
+    s.add_argument("--ttft-ms", type=float, default=30.0)
+    s.add_argument("--itl-ms", type=float, default=10.0)
+    s.add_argument("--max-batch", type=int, default=32)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--gpu-total-mb", type=float, default=81920.0)
+
+    s = sub.add_parser("agent", help="the node-side heartbeat agent")
+    s.add_argument("--engine", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
+    s.add_argument("--listen", default="127.0.0.1:50051")
+    s.add_argument("--gpu", default="auto", help="auto | nvml | dcgm=URL | engine | none")
+    s.add_argument(
+        "--model", default=None, help="model for micro-inference (default: first listed)"
+    )
+
+    s = sub.add_parser("status", help="table of backends")
+    s.add_argument("--url", default="http://127.0.0.1:8080")
+    s.add_argument("--watch", action="store_true", help="refresh every second")
+    s.add_argument("--token-env", default="PULSEGATE_ADMIN_TOKEN")
+
+    s = sub.add_parser("check", help="validate a config file")
+    s.add_argument("-c", "--config", required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "check":
+        from pulsegate.config import ConfigError, load_config
+
+        try:
+            cfg = load_config(args.config)
+        except ConfigError as e:
+            for err in e.errors:
+                print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"ok: {len(cfg.backends)} backend(s)")
+        return 0
+    if args.cmd == "serve":
+        from pulsegate.server import serve
+
+        return serve(args.config)
+    if args.cmd == "sim":
+        from pulsegate.sim.server import SimOptions, run_sim
+
+        return run_sim(
+            SimOptions(
+                host=args.host,
+                port=args.port,
+                name=args.name,
+                model=args.model,
+                ttft_ms=args.ttft_ms,
+                itl_ms=args.itl_ms,
+                max_batch=args.max_batch,
+                seed=args.seed,
+                gpu_total_mb=args.gpu_total_mb,
+            )
+        )
+    if args.cmd == "agent":
+        from pulsegate.agent.server import run_agent
+
+        return run_agent(engine=args.engine, listen=args.listen, gpu=args.gpu, model=args.model)
+    if args.cmd == "status":
+        from pulsegate.status import run_status
+
+        return run_status(url=args.url, watch=args.watch, token_env=args.token_env)
+    if args.cmd == "demo":
+        from pulsegate.demo import run_demo
+
+        return run_demo()
+    return 2

@@ -1,0 +1,337 @@
+"""The gateway's composition root: wires config, the pure core and the I/O shells together.
+
+Nothing here decides anything about health or routing: the Fleet (health core) and the
+Balancer do, and this module only feeds them observations, acts on their transitions
+(events, alerts, metrics) and keeps the per-request bookkeeping the proxy needs
+(in-flight counts and first-byte watches) in plain dicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from pulsegate import clock
+from pulsegate.balancer import Balancer
+from pulsegate.config import BackendConfig, Config
+from pulsegate.health.fleet import Fleet
+from pulsegate.health.observations import (
+    FirstByteOverdue,
+    Heartbeat,
+    Observation,
+    ProbeResult,
+)
+from pulsegate.health.verdict import State, Verdict
+from pulsegate.observe.alerts import AlertSender
+from pulsegate.observe.events import EventLog
+from pulsegate.observe.metrics import Counter, Gauge, Histogram, Registry
+from pulsegate.proxy.budget import RetryBudget
+
+log = logging.getLogger("pulsegate.gateway")
+
+# A stream still waiting for its first token after this many times the backend's usual
+# time-to-first-token (and at least OVERDUE_FLOOR_S) is evidence against the backend.
+OVERDUE_FACTOR = 4.0
+OVERDUE_FLOOR_S = 0.5
+WATCH_INTERVAL_S = 0.05
+TICK_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class BackendRuntime:
+    """What the proxy needs per backend, computed once: URL and upstream headers."""
+
+    name: str
+    url: str
+    headers: dict[str, str]
+
+
+def _runtime(b: BackendConfig) -> BackendRuntime:
+    headers = {"content-type": "application/json"}
+    if b.api_key_env:
+        key = os.environ.get(b.api_key_env)
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        else:
+            log.warning("backend %s: environment variable %s is not set", b.name, b.api_key_env)
+    return BackendRuntime(b.name, b.url, headers)
+
+
+class Gateway:
+    def __init__(self, config: Config, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.rng = rng or random.Random()
+        now = clock.monotonic()
+        micro_enabled = True
+        self.fleet = Fleet(
+            config.backends,
+            config.health,
+            config.probes,
+            self.rng,
+            now,
+            require_micro_for_ready=micro_enabled,
+        )
+        self.balancer = Balancer(config.routing, self.rng)
+        self.budget = RetryBudget(config.retry.budget_ratio, config.retry.budget_min_per_s, now)
+        self.backends = {b.name: _runtime(b) for b in config.backends}
+        self.inflight: dict[str, int] = {b.name: 0 for b in config.backends}
+        self._waiting: dict[str, dict[int, float]] = {b.name: {} for b in config.backends}
+        self._overdue_reported: dict[str, float] = {}
+        self._tokens = itertools.count()
+        self.session: aiohttp.ClientSession | None = None  # type: ignore[assignment]
+        self.alerts: AlertSender | None = None
+        self.events = EventLog(alert=self._alert)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.prober: Any = None
+        self.heartbeats: list[Any] = []
+        self._build_metrics()
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def _build_metrics(self) -> None:
+        r = self.registry = Registry()
+        self.m_requests: Counter = r.counter(
+            "pulsegate_requests_total",
+            "Client request attempts by backend, model and status code",
+            ("backend", "model", "code"),
+        )
+        self.m_request_seconds: Histogram = r.histogram(
+            "pulsegate_request_seconds", "Time from request to response headers or final error"
+        )
+        self.m_ttft: Histogram = r.histogram(
+            "pulsegate_ttft_seconds", "Time to first byte from the serving backend"
+        )
+        self.m_retries: Counter = r.counter(
+            "pulsegate_retries_total", "Retries on another backend, by reason", ("reason",)
+        )
+        self.m_resumes: Counter = r.counter(
+            "pulsegate_stream_resumes_total", "Streams continued on another backend"
+        )
+        self.m_ejections: Counter = r.counter(
+            "pulsegate_ejections_total", "Ejections by backend and reason", ("backend", "reason")
+        )
+        self.m_probe: Histogram = r.histogram(
+            "pulsegate_probe_seconds", "Active probe latency", ("backend", "kind")
+        )
+        self.m_rtt: Histogram = r.histogram(
+            "pulsegate_heartbeat_rtt_seconds", "Heartbeat round-trip time", ("backend",)
+        )
+        r.add(Gauge("pulsegate_backend_score", "Health score 0-100", ("backend",), self._scores))
+        r.add(
+            Gauge(
+                "pulsegate_backend_state",
+                "1 for the backend's current state",
+                ("backend", "state"),
+                self._states,
+            )
+        )
+        r.add(Gauge("pulsegate_backend_weight", "Effective weight", ("backend",), self._weights))
+        r.add(Gauge("pulsegate_backend_inflight", "Requests in flight", ("backend",), self._infl))
+        r.add(Gauge("pulsegate_panic", "1 while in panic mode", (), self._panic))
+
+    def _snapshots(self) -> Iterable[tuple[str, dict[str, Any]]]:
+        for name in self.backends:
+            yield name, self.fleet.snapshot(name)
+
+    def _scores(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        for name, s in self._snapshots():
+            yield (name,), float(s["score"])
+
+    def _weights(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        for name, s in self._snapshots():
+            yield (name,), float(s["weight"])
+
+    def _states(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        for name, s in self._snapshots():
+            for st in State:
+                yield (name, st.value), 1.0 if s["state"] == st.value else 0.0
+
+    def _infl(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        for name, n in self.inflight.items():
+            yield (name,), float(n)
+
+    def _panic(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        yield (), 1.0 if self.fleet.panic else 0.0
+
+    # -- routing ----------------------------------------------------------------------------
+
+    def pick(self, model: str, tried: Sequence[str], session_key: str | None) -> Verdict | None:
+        return self.balancer.pick(self.fleet.routable(model), self.inflight, tried, session_key)
+
+    def report(self, name: str, obs: Observation) -> None:
+        """Feed one observation to the health core and act on what it decides."""
+        if type(obs) is ProbeResult and obs.latency_s is not None:
+            self.m_probe.observe(obs.latency_s, (name, obs.kind.value))
+        elif type(obs) is Heartbeat and obs.rtt_s is not None:
+            self.m_rtt.observe(obs.rtt_s, (name,))
+        transitions = self.fleet.observe(name, obs, clock.monotonic())
+        if transitions:
+            self.on_transitions(transitions)
+
+    def set_models(self, name: str, models: tuple[str, ...]) -> None:
+        self.fleet.set_models(name, models)
+
+    def on_transitions(self, transitions: Iterable[Any]) -> None:
+        for t in transitions:
+            frm = getattr(t.from_state, "value", str(t.from_state))
+            to = getattr(t.to_state, "value", str(t.to_state))
+            if to == "ejected":
+                self.m_ejections.inc((t.backend, _reason_label(t.reason)))
+            self.events.record(t.backend, frm, to, t.reason, dict(t.signals))
+        if self.prober is not None:
+            for t in transitions:
+                if t.backend in self.backends:
+                    self.prober.poke(t.backend)
+
+    def _alert(self, alert: dict[str, Any]) -> None:
+        if self.alerts is not None:
+            self.alerts.submit(alert)
+        else:
+            log.warning(alert["text"])
+
+    # -- first-byte watch: in-flight evidence before any probe fires -------------------------
+
+    def watch_first_byte(self, name: str, t0: float) -> int:
+        token = next(self._tokens)
+        self._waiting[name][token] = t0
+        return token
+
+    def first_byte_seen(self, name: str, token: int) -> None:
+        self._waiting[name].pop(token, None)
+
+    def _check_overdue(self, now: float) -> None:
+        for name, waiting in self._waiting.items():
+            if not waiting:
+                continue
+            oldest = now - min(waiting.values())
+            ttft_ms = self.fleet.snapshot(name)["signals"].get("ttft_ms")
+            usual = (ttft_ms or 0.0) / 1000.0
+            limit = max(OVERDUE_FLOOR_S, OVERDUE_FACTOR * usual)
+            if oldest < limit:
+                continue
+            # Report at most once per limit period per backend: it is evidence, not a flood.
+            last = self._overdue_reported.get(name, -1e9)
+            if now - last < limit:
+                continue
+            self._overdue_reported[name] = now
+            count = sum(1 for t in waiting.values() if now - t >= limit)
+            self.report(name, FirstByteOverdue(count, oldest))
+            if self.prober is not None:
+                self.prober.poke(name)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s crashed", task.get_name(), exc_info=task.exception())
+
+    async def start(self) -> None:
+        cfg = self.config
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.retry.connect_timeout),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            read_bufsize=2**16,
+        )
+        self.alerts = AlertSender(
+            cfg.alerts.webhook, self.session, cfg.alerts.timeout, cfg.alerts.retries, self.rng
+        )
+        self.alerts.start()
+        self._start_probers()
+        self._spawn(self._tick_loop(), "health-tick")
+        self._spawn(self._watch_loop(), "first-byte-watch")
+
+    def _start_probers(self) -> None:
+        from pulsegate.probers import Prober
+
+        assert self.session is not None
+        agents = {b.name for b in self.config.backends if b.agent}
+        self.prober = Prober(
+            self.config.backends,
+            self.config.probes,
+            self.session,
+            emit=self.report,
+            unstable=self.fleet.unstable,
+            set_models=self.set_models,
+            rng=self.rng,
+            micro_via_agent=lambda name: name in agents,
+        )
+        self._spawn(self.prober.start(), "prober-start")
+        if agents:
+            from pulsegate.probers.heartbeat import HeartbeatClient
+
+            for b in self.config.backends:
+                if b.agent:
+                    hb = HeartbeatClient(
+                        b.name,
+                        b.agent,
+                        self.config.probes.heartbeat,
+                        self.config.probes.micro_inference,
+                        emit=self.report,
+                        rng=self.rng,
+                    )
+                    self.heartbeats.append(hb)
+                    self._spawn(hb.run(), f"heartbeat-{b.name}")
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_INTERVAL_S)
+            transitions = self.fleet.tick(clock.monotonic())
+            if transitions:
+                self.on_transitions(transitions)
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            self._check_overdue(clock.monotonic())
+
+    async def close(self) -> None:
+        for hb in self.heartbeats:
+            await hb.close()
+        if self.prober is not None:
+            await self.prober.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.alerts is not None:
+            await self.alerts.close()
+        if self.session is not None:
+            await self.session.close()
+
+    # -- admin views --------------------------------------------------------------------------
+
+    def backend_view(self, name: str) -> dict[str, Any]:
+        b = self.config.backend(name)
+        s = self.fleet.snapshot(name)
+        view = {
+            "name": name,
+            "url": b.url,
+            "zone": b.zone,
+            "region": b.region,
+            "models": sorted(self.fleet.backend_models(name)),
+            "inflight": self.inflight.get(name, 0),
+        }
+        view.update(s)
+        return view
+
+
+def _reason_label(reason: str) -> str:
+    """The metric label is the reason's first word ("canary", "heartbeat", ...)."""
+    head = reason.split(":", 1)[0].split(" ", 1)[0].strip().lower()
+    return head or "unknown"

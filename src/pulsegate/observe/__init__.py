@@ -1,0 +1,1 @@
+"""Metrics, events, alerts and the dashboard: how operators see what the gateway decided."""

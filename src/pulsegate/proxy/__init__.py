@@ -1,0 +1,1 @@
+"""The I/O shell in front of clients: parse little, pick a backend, forward bytes, report."""

@@ -1,0 +1,322 @@
+"""The proxy path: parse the few fields routing needs, pick, forward bytes, retry, report.
+
+Per request this reads the body once, parses it once with orjson (only `model`, `stream`,
+`max_tokens`, `user` are looked at), and forwards the original bytes unchanged. Retries are
+only possible while nothing has reached the client: a non-streamed answer is buffered whole
+before it is sent, a stream is committed at its first body chunk. Never the same backend
+twice for one request; at most `retry.max_attempts` tries, and retries beyond the first
+also need the retry budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from pulsegate import clock
+from pulsegate.health.observations import Outcome, RequestResult
+from pulsegate.proxy.classify import classify_exception, classify_status, describe
+from pulsegate.proxy.errors import error_response, sse_error_event
+
+if TYPE_CHECKING:
+    from pulsegate.gateway import BackendRuntime, Gateway
+
+log = logging.getLogger("pulsegate.proxy")
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+# Response headers from the backend that we pass on; everything else (hop-by-hop,
+# server identity, content-length recomputed by aiohttp) is dropped.
+_PASS_HEADERS = ("content-type", "content-encoding", "x-request-id", "retry-after")
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+@dataclass(slots=True)
+class _Failure:
+    outcome: Outcome
+    status: int | None
+    detail: str
+    retry_after: str | None = None
+    # A client error from the backend is final: pass it on as it came.
+    response: web.Response | None = None
+
+
+class Forwarder:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        cfg = gw.config
+        self.max_body = cfg.gateway.max_body_bytes
+        self.max_attempts = cfg.retry.max_attempts
+        self.per_try = cfg.retry.per_try_timeout
+        self.per_token = cfg.retry.per_token_timeout
+        self.request_timeout = cfg.retry.request_timeout
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, CHAT)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.handle(request, COMPLETIONS)
+
+    # -- request parsing ------------------------------------------------------------------
+
+    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        cl = request.content_length
+        if cl is not None and cl > self.max_body:
+            return _too_large(self.max_body)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _too_large(self.max_body)
+        if len(body) > self.max_body:
+            return _too_large(self.max_body)
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            return error_response(400, f"request body is not valid JSON: {e}", "invalid_json")
+        if not isinstance(doc, dict):
+            return error_response(400, "request body must be a JSON object", "invalid_request")
+        model = doc.get("model")
+        if not isinstance(model, str) or not model:
+            return error_response(400, "'model' is required and must be a string", "missing_model")
+        if path == CHAT:
+            msgs = doc.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                return error_response(
+                    400, "'messages' is required and must be a non-empty list", "missing_messages"
+                )
+        elif "prompt" not in doc:
+            return error_response(400, "'prompt' is required", "missing_prompt")
+        stream = doc.get("stream") is True
+        key = request.headers.get("x-session-id")
+        if key is None:
+            user = doc.get("user")
+            key = user if isinstance(user, str) and user else None
+        return await self.route(request, path, body, doc, model, stream, key)
+
+    def _deadline(self, doc: dict[str, Any], stream: bool) -> float:
+        """Seconds an attempt may wait for its first byte.
+
+        A stream's first byte is its first token: `per_try_timeout`. A non-streamed answer
+        arrives whole, so its first byte waits for the entire generation; allowing
+        `per_token_timeout` per requested token keeps long legitimate generations from
+        being cut (R17) while a hung backend is still left within seconds for short ones.
+        """
+        if stream:
+            return self.per_try
+        mt = doc.get("max_completion_tokens", doc.get("max_tokens"))
+        tokens = mt if isinstance(mt, int) and mt > 0 else 1024
+        return min(self.request_timeout, self.per_try + tokens * self.per_token)
+
+    # -- routing and retries --------------------------------------------------------------
+
+    async def route(
+        self,
+        request: web.Request,
+        path: str,
+        body: bytes,
+        doc: dict[str, Any],
+        model: str,
+        stream: bool,
+        session_key: str | None,
+    ) -> web.StreamResponse:
+        gw = self.gw
+        now = clock.monotonic()
+        gw.budget.deposit(now)
+        if model not in gw.fleet.models():
+            return error_response(
+                404, f"model '{model}' is not served by any backend", "model_not_found"
+            )
+        deadline = self._deadline(doc, stream)
+        tried: list[str] = []
+        last: _Failure | None = None
+        start = now
+        while len(tried) < self.max_attempts:
+            verdict = gw.pick(model, tried, session_key)
+            if verdict is None:
+                break
+            if tried:
+                if not gw.budget.try_withdraw(clock.monotonic()):
+                    gw.m_retries.inc(("budget_exhausted",))
+                    break
+                gw.m_retries.inc((last.outcome.value if last else "unknown",))
+            tried.append(verdict.name)
+            backend = gw.backends[verdict.name]
+            result = await self._attempt(
+                request, backend, path, body, model, stream, deadline, len(tried)
+            )
+            if not isinstance(result, _Failure):
+                gw.m_request_seconds.observe(clock.monotonic() - start)
+                return result
+            last = result
+            gw.m_requests.inc((backend.name, model, str(result.status or result.outcome.value)))
+            if result.response is not None:  # the request's own fault: no retry
+                return result.response
+        gw.m_request_seconds.observe(clock.monotonic() - start)
+        return _final_error(model, tried, last)
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        backend: BackendRuntime,
+        path: str,
+        body: bytes,
+        model: str,
+        stream: bool,
+        deadline: float,
+        attempts: int,
+    ) -> web.StreamResponse | _Failure:
+        gw = self.gw
+        name = backend.name
+        gw.inflight[name] = gw.inflight.get(name, 0) + 1
+        t0 = clock.monotonic()
+        token = gw.watch_first_byte(name, t0) if stream else None
+        got_headers = False
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                async with asyncio.timeout(deadline):
+                    resp = await gw.session.post(
+                        backend.url + path, data=body, headers=backend.headers
+                    )
+                    got_headers = True
+                    status = resp.status
+                    if status >= 400:
+                        return await self._upstream_error(backend, resp, t0)
+                    if stream:
+                        first = await resp.content.readany()
+                    else:
+                        data = await resp.read()
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                outcome = classify_exception(e, got_headers)
+                if resp is not None:
+                    resp.close()
+                gw.report(name, RequestResult(outcome, None, None))
+                return _Failure(outcome, None, f"{name}: {describe(e)}")
+            if token is not None:
+                gw.first_byte_seen(name, token)
+                token = None
+            ttft = clock.monotonic() - t0
+            gw.report(name, RequestResult(Outcome.OK, ttft, status))
+            gw.m_ttft.observe(ttft)
+            headers = _response_headers(resp, name, attempts)
+            if not stream:
+                resp.release()
+                gw.m_requests.inc((name, model, str(status)))
+                return web.Response(status=status, body=data, headers=headers)
+            return await self._stream(request, backend, resp, headers, first, model)
+        finally:
+            if token is not None:
+                gw.first_byte_seen(name, token)
+            gw.inflight[name] -= 1
+
+    async def _upstream_error(
+        self, backend: BackendRuntime, resp: aiohttp.ClientResponse, t0: float
+    ) -> _Failure:
+        status = resp.status
+        retry_after = resp.headers.get("retry-after")
+        outcome = classify_status(status, retry_after is not None)
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        self.gw.report(backend.name, RequestResult(outcome, clock.monotonic() - t0, status))
+        if outcome is Outcome.CLIENT_ERROR:
+            headers = {"content-type": resp.headers.get("content-type", "application/json")}
+            headers["x-pulsegate-backend"] = backend.name
+            return _Failure(
+                outcome,
+                status,
+                "client error",
+                response=web.Response(status=status, body=data, headers=headers),
+            )
+        return _Failure(outcome, status, f"{backend.name}: HTTP {status}", retry_after)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        backend: BackendRuntime,
+        resp: aiohttp.ClientResponse,
+        headers: dict[str, str],
+        first: bytes,
+        model: str,
+    ) -> web.StreamResponse:
+        gw = self.gw
+        out = web.StreamResponse(status=resp.status, headers=headers)
+        out.headers.update(_SSE_HEADERS)
+        await out.prepare(request)
+        tail = first[-16:]
+        try:
+            await out.write(first)
+            async for chunk in resp.content.iter_any():
+                await out.write(chunk)
+                tail = (tail + chunk)[-16:]
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            if request.transport is None or request.transport.is_closing():
+                resp.close()
+                raise  # the client went away: nothing more to say
+            # The upstream broke after the client had bytes: say so, never end silently.
+            gw.report(backend.name, RequestResult(Outcome.STREAM_BROKEN, None, None))
+            await _end_with_error(out, f"upstream {backend.name} failed mid-stream: {describe(e)}")
+            gw.m_requests.inc((backend.name, model, "stream_broken"))
+            resp.close()
+            return out
+        resp.release()
+        if b"[DONE]" not in tail:
+            # EOF without [DONE]: the backend's stream was cut short (or it never sends one).
+            gw.report(backend.name, RequestResult(Outcome.STREAM_BROKEN, None, None))
+            await _end_with_error(out, f"upstream {backend.name} ended the stream early")
+            gw.m_requests.inc((backend.name, model, "stream_broken"))
+            return out
+        gw.m_requests.inc((backend.name, model, str(resp.status)))
+        await out.write_eof()
+        return out
+
+
+async def _end_with_error(out: web.StreamResponse, message: str) -> None:
+    try:
+        await out.write(sse_error_event(502, message, "upstream_stream_broken"))
+        await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass
+
+
+def _response_headers(resp: aiohttp.ClientResponse, name: str, attempts: int) -> dict[str, str]:
+    h = {"x-pulsegate-backend": name, "x-pulsegate-attempts": str(attempts)}
+    rh = resp.headers
+    for k in _PASS_HEADERS:
+        v = rh.get(k)
+        if v is not None:
+            h[k] = v
+    return h
+
+
+def _too_large(limit: int) -> web.Response:
+    return error_response(413, f"request body exceeds the {limit}-byte limit", "request_too_large")
+
+
+def _final_error(model: str, tried: list[str], last: _Failure | None) -> web.Response:
+    headers = {"x-pulsegate-attempts": str(len(tried)), "retry-after": "1"}
+    if last is None:
+        return error_response(
+            503, f"no healthy backend for model '{model}'", "no_healthy_backend", headers
+        )
+    if last.outcome is Outcome.OVERLOADED:
+        headers["retry-after"] = last.retry_after or "1"
+        return error_response(
+            503, f"every backend for model '{model}' is overloaded", "overloaded", headers
+        )
+    status = 504 if last.outcome is Outcome.TIMEOUT else 502
+    return error_response(
+        status,
+        f"all {len(tried)} attempt(s) for model '{model}' failed; last: {last.detail}",
+        "upstream_failed",
+        headers,
+    )

@@ -1,0 +1,85 @@
+"""`pulsegate serve`: load the config, start the gateway, stop it gracefully on SIGTERM.
+
+Shutdown order (uvicorn's): stop accepting, let in-flight requests finish up to
+`streaming.shutdown_grace`, cancel the rest, then stop probers and close the upstream pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from pulsegate.app import build_app
+from pulsegate.config import Config, ConfigError, load_config
+from pulsegate.gateway import Gateway
+
+log = logging.getLogger("pulsegate")
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        pass
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+async def run_gateway(cfg: Config, ready: asyncio.Event | None = None) -> None:
+    gw = Gateway(cfg)
+    app = build_app(gw)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        cfg.gateway.host,
+        cfg.gateway.port,
+        shutdown_timeout=cfg.streaming.shutdown_grace,
+        reuse_port=cfg.gateway.workers > 1,
+        backlog=1024,
+    )
+    await gw.start()
+    await site.start()
+    port = cfg.gateway.port
+    server = site._server
+    if server is not None and getattr(server, "sockets", None):
+        port = server.sockets[0].getsockname()[1]
+    print(f"pulsegate listening on http://{cfg.gateway.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down: draining in-flight requests")
+        await runner.cleanup()
+        await gw.close()
+
+
+def serve(config_path: str) -> int:
+    setup_logging()
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as e:
+        for err in e.errors:
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+    _install_uvloop()
+    asyncio.run(run_gateway(cfg))
+    return 0

@@ -1,0 +1,175 @@
+"""Start and stop real pulsegate processes on loopback for integration tests.
+
+Every process is started with `--port 0`; its first stdout line announces the real port.
+Every process is stopped by its PID (terminate, wait, kill) in the fixture's finalizer.
+Nothing here sleeps to let things settle: `wait_until` polls a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import yaml
+
+T = TypeVar("T")
+_URL = re.compile(rb"listening on (http://)?([\w.\-\[\]]+):(\d+)")
+
+
+def wait_until(
+    cond: Callable[[], T | None | bool], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Poll `cond` until it returns something truthy; fail with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            v = cond()
+            if v:
+                return v  # type: ignore[return-value]
+        except Exception as e:  # a server still starting refuses connections
+            last_exc = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}: {last_exc}")
+
+
+class Proc:
+    """A child process that announced `... listening on HOST:PORT` on stdout."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.args = args
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "pulsegate", *args],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=full_env,
+        )
+        self.pid = self.popen.pid
+        self.host, self.port = self._read_address(timeout=20.0)
+        self.url = f"http://{self.host}:{self.port}"
+
+    def _read_address(self, timeout: float) -> tuple[str, int]:
+        assert self.popen.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.popen.stdout, selectors.EVENT_READ)
+        buf = b""
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    continue
+                chunk = os.read(self.popen.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buf += chunk
+                m = _URL.search(buf)
+                if m:
+                    return m.group(2).decode().strip("[]"), int(m.group(3))
+        finally:
+            sel.close()
+        self.stop()
+        raise RuntimeError(
+            f"{self.args[0]} did not start: stdout={buf!r} log={self.log_path.read_text()[-2000:]}"
+        )
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+                os.kill(self.pid, signal.SIGTERM)
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.popen.wait(timeout=5)
+            except ProcessLookupError:
+                pass
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+        self._log.close()
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.popen.wait(timeout=5)
+
+
+class Sim(Proc):
+    def __init__(self, tmp: Path, name: str, *extra: str, model: str = "demo-7b"):
+        super().__init__(
+            ["sim", "--port", "0", "--name", name, "--model", model, *extra],
+            tmp / f"sim-{name}.log",
+        )
+        self.name = name
+
+    def fault(self, mode: str, **params: Any) -> None:
+        r = httpx.post(f"{self.url}/sim/fault", json={"mode": mode, **params}, timeout=5)
+        r.raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/sim/stats", timeout=5).json()  # type: ignore[no-any-return]
+
+
+class Gateway(Proc):
+    def __init__(self, tmp: Path, config: dict[str, Any], env: dict[str, str] | None = None):
+        config = {**config}
+        gw = {**config.get("gateway", {})}
+        gw.setdefault("listen", "127.0.0.1:0")
+        config["gateway"] = gw
+        self.config_path = tmp / "gateway.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        super().__init__(["serve", "-c", str(self.config_path)], tmp / "gateway.log", env)
+
+    def backends(self, token: str | None = None) -> dict[str, dict[str, Any]]:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        r = httpx.get(f"{self.url}/admin/backends", headers=headers, timeout=5)
+        r.raise_for_status()
+        return {b["name"]: b for b in r.json()["backends"]}
+
+    def events(self) -> list[dict[str, Any]]:
+        return httpx.get(f"{self.url}/admin/events", timeout=5).json()["events"]  # type: ignore[no-any-return]
+
+    def wait_state(self, name: str, *states: str, timeout: float = 15.0) -> dict[str, Any]:
+        return wait_until(
+            lambda: (b := self.backends()[name])["state"] in states and b,
+            timeout=timeout,
+            what=f"{name} in {states}",
+        )
+
+    def wait_all_ready(self, timeout: float = 15.0) -> None:
+        wait_until(
+            lambda: all(b["state"] == "ready" for b in self.backends().values()),
+            timeout=timeout,
+            what="all backends ready",
+        )
+
+
+def fast_probes() -> dict[str, Any]:
+    """Probe settings that keep integration tests quick (same logic, shorter intervals)."""
+    return {
+        "readiness": {"interval": "300ms", "interval_unstable": "100ms", "timeout": "500ms"},
+        "micro_inference": {"interval": "500ms", "jitter": "200ms", "timeout": "500ms"},
+        "canary": {"interval": "300ms", "timeout": "250ms"},
+        "metrics_interval": "200ms",
+    }
+
+
+def backend_entry(sim: Sim, **extra: Any) -> dict[str, Any]:
+    return {"name": sim.name, "url": sim.url, "models": ["demo-7b"], **extra}
