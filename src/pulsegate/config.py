@@ -122,6 +122,9 @@ class HealthConfig:
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     eject_below: float = 30.0
     eject_after: int = 3
+    # Score under this (or VRAM > 90% used, or KV cache > 95% full) marks a backend degraded:
+    # still routable, down-weighted. Back to ready 5 points above it.
+    degrade_below: float = 60.0
     rejoin_above: float = 70.0
     rejoin_after: int = 5
     probation: ProbationConfig = field(default_factory=ProbationConfig)
@@ -328,7 +331,7 @@ def _choice(*options: str) -> Callable[[object], str]:
 def _hostport(v: object) -> tuple[str, int]:
     s = _str(v)
     host, sep, port = s.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"must be HOST:PORT, got {s!r}")
     return host.strip("[]"), int(port)
 
@@ -470,6 +473,7 @@ def _health(r: _Reader) -> HealthConfig:
         weights=weights,
         eject_below=r.get("eject_below", d.eject_below, _num(0.0, 100.0)),
         eject_after=r.get("eject_after", d.eject_after, _int(1, 1000)),
+        degrade_below=r.get("degrade_below", d.degrade_below, _num(0.0, 100.0)),
         rejoin_above=r.get("rejoin_above", d.rejoin_above, _num(0.0, 100.0)),
         rejoin_after=r.get("rejoin_after", d.rejoin_after, _int(1, 1000)),
         probation=probation,

@@ -1,0 +1,81 @@
+"""Half-open probation (R8): a recovered backend earns its traffic back in small steps.
+
+For `duration` seconds after rejoining, every micro-inference must succeed (the rules fail
+probation on the first failure of any kind) and at the end the smoothed latency must be back
+under baseline x 1.5. Meanwhile traffic ramps: the ramp factor starts at `ramp_step` and grows
+by `ramp_step` every `duration x ramp_step` seconds, reaching 1.0 exactly at `duration`.
+
+Worked example with the defaults (60 s, 0.01): k whole steps of 0.6 s have passed after
+k x 0.6 s and the factor is max(0.01, 0.01 x k): 0.01 until 1.2 s, 0.02 at 1.2 s, 0.50 at 30 s,
+0.99 at 59.4 s, and 1.0 only at 60 s, when probation passes.
+"""
+
+from __future__ import annotations
+
+import math
+
+LATENCY_TOLERANCE = 1.5  # smoothed latency must end under baseline x 1.5
+
+
+class Probation:
+    """The ramp and bookkeeping of one probation period (pure arithmetic on `now`)."""
+
+    __slots__ = ("_steps", "duration", "micro_ok", "ramp_step", "require_micro", "started")
+
+    def __init__(self, duration: float, ramp_step: float, require_micro: bool) -> None:
+        self.duration = max(0.0, duration)
+        self.ramp_step = min(1.0, max(1e-6, ramp_step))
+        # Steps to reach 1.0 (100 for 0.01); ceil so that step x (steps - 1) < 1.
+        self._steps = max(1, math.ceil(1.0 / self.ramp_step - 1e-9))
+        self.require_micro = require_micro
+        self.started = float("-inf")
+        self.micro_ok = 0  # micro-inferences passed during this probation
+
+    def start(self, now: float) -> None:
+        """Begin a probation period at `now`."""
+        self.started = now
+        self.micro_ok = 0
+
+    def elapsed(self, now: float) -> float:
+        """Seconds since the start (0 before it)."""
+        return max(0.0, now - self.started)
+
+    def done(self, now: float) -> bool:
+        """Whether the full duration has passed."""
+        return self.elapsed(now) >= self.duration
+
+    def progress(self, now: float) -> float:
+        """Share of the period passed, 0..1."""
+        if self.duration <= 0.0:
+            return 1.0
+        return min(1.0, self.elapsed(now) / self.duration)
+
+    def ramp(self, now: float) -> float:
+        """Traffic factor at `now`: ramp_step x whole steps passed, at least ramp_step,
+        below 1.0 until the duration is over, then 1.0."""
+        if self.done(now):
+            return 1.0
+        k = int(self.elapsed(now) * self._steps / self.duration)
+        k = min(k, self._steps - 1)
+        return max(self.ramp_step, min(1.0, k * self.ramp_step))
+
+    def next_step_at(self, now: float) -> float:
+        """When the ramp next changes (the end of the period at the latest)."""
+        if self.done(now):
+            return now
+        k = int(self.elapsed(now) * self._steps / self.duration) + 1
+        return min(self.started + self.duration, self.started + k * self.duration / self._steps)
+
+    def shortfall(self, latency_ratio: float | None) -> str | None:
+        """Why the period may not pass at its end, or None if it may.
+
+        An unknown latency ratio is no evidence against; a required micro-inference that never
+        ran is (a recovered node must prove its compute pipeline, R8)."""
+        if self.require_micro and self.micro_ok == 0:
+            return "no micro-inference succeeded during probation"
+        if latency_ratio is not None and latency_ratio > LATENCY_TOLERANCE:
+            return (
+                f"latency still {latency_ratio:.1f}x baseline at the end of probation "
+                f"(must be under {LATENCY_TOLERANCE:g}x)"
+            )
+        return None
