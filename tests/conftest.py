@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support import Gateway, Proc, Sim  # noqa: E402  (tests/ is not a package)
+from support import Gateway, Proc, Sim
 
 
 @pytest.fixture

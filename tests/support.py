@@ -26,7 +26,10 @@ _URL = re.compile(rb"listening on (http://)?([\w.\-\[\]]+):(\d+)")
 
 
 def wait_until(
-    cond: Callable[[], T | None | bool], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+    cond: Callable[[], T | bool | None],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    what: str = "",
 ) -> T:
     """Poll `cond` until it returns something truthy; fail with `what` after `timeout`."""
     deadline = time.monotonic() + timeout

@@ -38,9 +38,7 @@ class Admin:
             if self._token is not None:
                 auth = request.headers.get("authorization", "")
                 given = auth[7:] if auth[:7].lower() == "bearer " else ""
-                if not self._token or not hmac.compare_digest(
-                    given.encode(), self._token.encode()
-                ):
+                if not self._token or not hmac.compare_digest(given.encode(), self._token.encode()):
                     return error_response(401, "admin token required", "unauthorized")
             return await handler(request)
 

@@ -22,16 +22,14 @@ def build_app(gw: Gateway) -> web.Application:
     app[GATEWAY_KEY] = gw
     fwd = Forwarder(gw)
     admin = Admin(gw)
-    models_cache: dict[str, object] = {"key": None, "body": b""}
+    cache: list[tuple[tuple[str, ...], bytes]] = [((), b"")]
 
     async def models(request: web.Request) -> web.StreamResponse:
-        names = sorted(gw.fleet.models())
-        key = tuple(names)
-        if models_cache["key"] != key:
+        names = tuple(sorted(gw.fleet.models()))
+        if cache[0][0] != names or not cache[0][1]:
             data = [{"id": m, "object": "model", "owned_by": "pulsegate"} for m in names]
-            models_cache["body"] = orjson.dumps({"object": "list", "data": data})
-            models_cache["key"] = key
-        return web.Response(body=models_cache["body"], content_type="application/json")  # type: ignore[arg-type]
+            cache[0] = (names, orjson.dumps({"object": "list", "data": data}))
+        return web.Response(body=cache[0][1], content_type="application/json")
 
     async def healthz(request: web.Request) -> web.StreamResponse:
         return web.Response(text="ok")

@@ -17,7 +17,11 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the gateway")
     s.add_argument("-c", "--config", required=True, help="YAML config file")
 
-    sub.add_parser("demo", help="simulated fleet + gateway + traffic + a fault cycle")
+    s = sub.add_parser("demo", help="simulated fleet + gateway + traffic + a fault cycle")
+    s.add_argument("--port", type=int, default=8080, help="gateway port (0: any free port)")
+    s.add_argument("--duration", type=float, default=None, help="stop after N seconds")
+    s.add_argument("--fault-after", type=float, default=15.0, help="seconds before each fault")
+    s.add_argument("--fault-hold", type=float, default=15.0, help="seconds each fault lasts")
 
     s = sub.add_parser("sim", help="one simulated OpenAI-compatible engine")
     s.add_argument("--port", type=int, required=True)
@@ -84,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "agent":
         from pulsegate.agent.server import run_agent
 
-        return run_agent(engine=args.engine, listen=args.listen, gpu=args.gpu, model=args.model)
+        return int(
+            run_agent(engine=args.engine, listen=args.listen, gpu=args.gpu, model=args.model)
+        )
     if args.cmd == "status":
         from pulsegate.status import run_status
 
@@ -92,5 +98,5 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "demo":
         from pulsegate.demo import run_demo
 
-        return run_demo()
+        return run_demo(args.port, args.duration, args.fault_after, args.fault_hold)
     return 2

@@ -22,6 +22,7 @@ import aiohttp
 from pulsegate import clock
 from pulsegate.balancer import Balancer
 from pulsegate.config import BackendConfig, Config
+from pulsegate.health.events import Transition
 from pulsegate.health.fleet import Fleet
 from pulsegate.health.observations import (
     FirstByteOverdue,
@@ -34,6 +35,7 @@ from pulsegate.observe.alerts import AlertSender
 from pulsegate.observe.events import EventLog
 from pulsegate.observe.metrics import Counter, Gauge, Histogram, Registry
 from pulsegate.proxy.budget import RetryBudget
+from pulsegate.proxy.relay import EJECTED_STALL_S, Watchdog
 
 log = logging.getLogger("pulsegate.gateway")
 
@@ -52,6 +54,7 @@ class BackendRuntime:
     name: str
     url: str
     headers: dict[str, str]
+    resume: str = "vllm"
 
 
 def _runtime(b: BackendConfig) -> BackendRuntime:
@@ -62,7 +65,7 @@ def _runtime(b: BackendConfig) -> BackendRuntime:
             headers["authorization"] = f"Bearer {key}"
         else:
             log.warning("backend %s: environment variable %s is not set", b.name, b.api_key_env)
-    return BackendRuntime(b.name, b.url, headers)
+    return BackendRuntime(b.name, b.url, headers, b.resume)
 
 
 class Gateway:
@@ -85,8 +88,11 @@ class Gateway:
         self.inflight: dict[str, int] = {b.name: 0 for b in config.backends}
         self._waiting: dict[str, dict[int, float]] = {b.name: {} for b in config.backends}
         self._overdue_reported: dict[str, float] = {}
+        self._streams: dict[str, set[Watchdog]] = {b.name: set() for b in config.backends}
+        self.shutting_down = False
+        self.drained = asyncio.Event()
         self._tokens = itertools.count()
-        self.session: aiohttp.ClientSession | None = None  # type: ignore[assignment]
+        self.session: aiohttp.ClientSession = None  # type: ignore[assignment]  # set in start()
         self.alerts: AlertSender | None = None
         self.events = EventLog(alert=self._alert)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -179,23 +185,67 @@ class Gateway:
     def set_models(self, name: str, models: tuple[str, ...]) -> None:
         self.fleet.set_models(name, models)
 
-    def on_transitions(self, transitions: Iterable[Any]) -> None:
+    def on_transitions(self, transitions: Iterable[Transition]) -> None:
         for t in transitions:
-            frm = getattr(t.from_state, "value", str(t.from_state))
-            to = getattr(t.to_state, "value", str(t.to_state))
-            if to == "ejected":
-                self.m_ejections.inc((t.backend, _reason_label(t.reason)))
-            self.events.record(t.backend, frm, to, t.reason, dict(t.signals))
-        if self.prober is not None:
-            for t in transitions:
-                if t.backend in self.backends:
-                    self.prober.poke(t.backend)
+            to = t.to_state.value
+            if t.is_ejection:
+                self.m_ejections.inc((t.backend, t.cause))
+                for w in list(self._streams.get(t.backend, ())):
+                    w.tighten(EJECTED_STALL_S, f"backend ejected ({t.cause})")
+            self.events.record(t.backend, t.from_state.value, to, t.reason, t.signals, t.cause)
+            if self.prober is not None:
+                self.prober.poke(t.backend)
+        for p in self.fleet.take_panic_changes():
+            self.events.record(
+                f"model:{p.model}",
+                "normal" if p.active else "panic",
+                "panic" if p.active else "panic_over",
+                p.reason,
+                {"ejected": p.ejected, "total": p.total},
+                "panic",
+            )
 
     def _alert(self, alert: dict[str, Any]) -> None:
         if self.alerts is not None:
             self.alerts.submit(alert)
         else:
             log.warning(alert["text"])
+
+    def acquire(self, name: str) -> None:
+        self.inflight[name] += 1
+
+    def release(self, name: str) -> None:
+        self.inflight[name] -= 1
+        if self.shutting_down and not any(self.inflight.values()):
+            self.drained.set()
+
+    async def wait_drained(self, within: float) -> bool:
+        """During shutdown: wait until nothing is in flight, at most `within` seconds."""
+        if not any(self.inflight.values()):
+            return True
+        try:
+            async with asyncio.timeout(within):
+                await self.drained.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    # -- live streams: cut at once when their backend is ejected (R21) -----------------------
+
+    def watch_stream(self, name: str, watch: Watchdog) -> None:
+        self._streams[name].add(watch)
+
+    def unwatch_stream(self, name: str, watch: Watchdog) -> None:
+        self._streams[name].discard(watch)
+
+    def end_streams(self, reason: str) -> int:
+        """Cut every live upstream stream (graceful shutdown past its grace period)."""
+        n = 0
+        for watches in self._streams.values():
+            for w in list(watches):
+                w.cut(reason)
+                n += 1
+        return n
 
     # -- first-byte watch: in-flight evidence before any probe fires -------------------------
 
@@ -212,8 +262,7 @@ class Gateway:
             if not waiting:
                 continue
             oldest = now - min(waiting.values())
-            ttft_ms = self.fleet.snapshot(name)["signals"].get("ttft_ms")
-            usual = (ttft_ms or 0.0) / 1000.0
+            usual = self.fleet.backend(name).signals.ttft.value(now) or 0.0
             limit = max(OVERDUE_FLOOR_S, OVERDUE_FACTOR * usual)
             if oldest < limit:
                 continue
@@ -329,9 +378,3 @@ class Gateway:
         }
         view.update(s)
         return view
-
-
-def _reason_label(reason: str) -> str:
-    """The metric label is the reason's first word ("canary", "heartbeat", ...)."""
-    head = reason.split(":", 1)[0].split(" ", 1)[0].strip().lower()
-    return head or "unknown"

@@ -47,16 +47,16 @@ async def run_gateway(cfg: Config, ready: asyncio.Event | None = None) -> None:
         runner,
         cfg.gateway.host,
         cfg.gateway.port,
-        shutdown_timeout=cfg.streaming.shutdown_grace,
+        shutdown_timeout=1.0,  # the grace period is handled by shutdown() below
         reuse_port=cfg.gateway.workers > 1,
         backlog=1024,
     )
     await gw.start()
     await site.start()
     port = cfg.gateway.port
-    server = site._server
-    if server is not None and getattr(server, "sockets", None):
-        port = server.sockets[0].getsockname()[1]
+    sockets = getattr(site._server, "sockets", None)
+    if sockets:
+        port = sockets[0].getsockname()[1]
     print(f"pulsegate listening on http://{cfg.gateway.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -67,9 +67,22 @@ async def run_gateway(cfg: Config, ready: asyncio.Event | None = None) -> None:
     try:
         await stop.wait()
     finally:
-        log.info("shutting down: draining in-flight requests")
-        await runner.cleanup()
-        await gw.close()
+        await shutdown(gw, runner, site, cfg.streaming.shutdown_grace)
+
+
+async def shutdown(gw: Gateway, runner: web.AppRunner, site: web.TCPSite, grace: float) -> None:
+    """Stop accepting, let in-flight requests finish within `grace`, then end the streams
+    still open with a terminal error event (never a 200 without [DONE] or an error)."""
+    gw.shutting_down = True
+    await site.stop()
+    inflight = sum(gw.inflight.values())
+    log.info("shutting down: %d request(s) in flight, grace %.1fs", inflight, grace)
+    if not await gw.wait_drained(grace):
+        cut = gw.end_streams("the gateway is shutting down")
+        log.info("ended %d stream(s) still open after the grace period", cut)
+        await gw.wait_drained(1.0)
+    await runner.cleanup()
+    await gw.close()
 
 
 def serve(config_path: str) -> int:

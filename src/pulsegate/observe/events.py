@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -34,18 +34,19 @@ class EventLog:
         from_state: str,
         to_state: str,
         reason: str,
-        signals: dict[str, Any] | None = None,
-        kind: str = "transition",
+        signals: Mapping[str, Any] | None = None,
+        cause: str = "",
     ) -> dict[str, Any]:
         ev: dict[str, Any] = {
             "id": next(self._seq),
             "ts": round(clock.wall(), 3),
-            "kind": kind,
+            "kind": "panic" if cause == "panic" else "transition",
+            "cause": cause,
             "backend": backend,
             "from": from_state,
             "to": to_state,
             "reason": reason,
-            "signals": signals or {},
+            "signals": dict(signals) if signals else {},
         }
         self.events.append(ev)
         try:

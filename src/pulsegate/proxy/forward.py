@@ -22,7 +22,8 @@ from aiohttp import web
 from pulsegate import clock
 from pulsegate.health.observations import Outcome, RequestResult
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
-from pulsegate.proxy.errors import error_response, sse_error_event
+from pulsegate.proxy.errors import error_response
+from pulsegate.proxy.relay import Relay
 
 if TYPE_CHECKING:
     from pulsegate.gateway import BackendRuntime, Gateway
@@ -35,11 +36,13 @@ COMPLETIONS = "/v1/completions"
 # Response headers from the backend that we pass on; everything else (hop-by-hop,
 # server identity, content-length recomputed by aiohttp) is dropped.
 _PASS_HEADERS = ("content-type", "content-encoding", "x-request-id", "retry-after")
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+_OK_NONSTREAM = RequestResult(Outcome.OK, None, 200)
 
 
 @dataclass(slots=True)
-class _Failure:
+class Failure:
     outcome: Outcome
     status: int | None
     detail: str
@@ -135,7 +138,7 @@ class Forwarder:
             )
         deadline = self._deadline(doc, stream)
         tried: list[str] = []
-        last: _Failure | None = None
+        last: Failure | None = None
         start = now
         while len(tried) < self.max_attempts:
             verdict = gw.pick(model, tried, session_key)
@@ -149,9 +152,9 @@ class Forwarder:
             tried.append(verdict.name)
             backend = gw.backends[verdict.name]
             result = await self._attempt(
-                request, backend, path, body, model, stream, deadline, len(tried)
+                request, backend, path, body, doc, model, stream, deadline, tried, session_key
             )
-            if not isinstance(result, _Failure):
+            if not isinstance(result, Failure):
                 gw.m_request_seconds.observe(clock.monotonic() - start)
                 return result
             last = result
@@ -167,58 +170,100 @@ class Forwarder:
         backend: BackendRuntime,
         path: str,
         body: bytes,
+        doc: dict[str, Any],
         model: str,
         stream: bool,
         deadline: float,
-        attempts: int,
-    ) -> web.StreamResponse | _Failure:
+        tried: list[str],
+        session_key: str | None,
+    ) -> web.StreamResponse | Failure:
         gw = self.gw
         name = backend.name
-        gw.inflight[name] = gw.inflight.get(name, 0) + 1
+        gw.acquire(name)
+        handed_off = False
+        try:
+            opened = await self._open(backend, path, body, stream, deadline)
+            if isinstance(opened, Failure):
+                return opened
+            resp, data, status = opened
+            headers = _response_headers(resp, name, len(tried))
+            if not stream:
+                gw.m_requests.inc((name, model, str(status)))
+                return web.Response(status=status, body=data, headers=headers)
+            handed_off = True
+            relay = Relay(self, request, doc, path, model, tried, session_key)
+            return await relay.run(backend, resp, data, headers)
+        finally:
+            if not handed_off:
+                gw.release(name)
+
+    async def _open(
+        self, backend: BackendRuntime, path: str, body: bytes, stream: bool, deadline: float
+    ) -> tuple[aiohttp.ClientResponse, bytes, int] | Failure:
+        """Send the request and wait for its first byte: a stream's first chunk, or a
+        non-streamed answer whole. Reports the outcome to the health core."""
+        gw = self.gw
+        name = backend.name
         t0 = clock.monotonic()
         token = gw.watch_first_byte(name, t0) if stream else None
         got_headers = False
         resp: aiohttp.ClientResponse | None = None
         try:
-            try:
-                async with asyncio.timeout(deadline):
-                    resp = await gw.session.post(
-                        backend.url + path, data=body, headers=backend.headers
-                    )
-                    got_headers = True
-                    status = resp.status
-                    if status >= 400:
-                        return await self._upstream_error(backend, resp, t0)
-                    if stream:
-                        first = await resp.content.readany()
-                    else:
-                        data = await resp.read()
-            except (aiohttp.ClientError, OSError, TimeoutError) as e:
-                outcome = classify_exception(e, got_headers)
-                if resp is not None:
-                    resp.close()
-                gw.report(name, RequestResult(outcome, None, None))
-                return _Failure(outcome, None, f"{name}: {describe(e)}")
-            if token is not None:
-                gw.first_byte_seen(name, token)
-                token = None
-            ttft = clock.monotonic() - t0
-            gw.report(name, RequestResult(Outcome.OK, ttft, status))
-            gw.m_ttft.observe(ttft)
-            headers = _response_headers(resp, name, attempts)
-            if not stream:
-                resp.release()
-                gw.m_requests.inc((name, model, str(status)))
-                return web.Response(status=status, body=data, headers=headers)
-            return await self._stream(request, backend, resp, headers, first, model)
+            async with asyncio.timeout(deadline):
+                resp = await gw.session.post(backend.url + path, data=body, headers=backend.headers)
+                got_headers = True
+                if resp.status >= 400:
+                    return await self._upstream_error(backend, resp, t0)
+                if stream:
+                    data = await resp.content.readany()
+                else:
+                    data = await resp.read()
+                    resp.release()
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            outcome = classify_exception(e, got_headers)
+            if resp is not None:
+                resp.close()
+            gw.report(name, RequestResult(outcome, None, None))
+            return Failure(outcome, None, f"{name}: {describe(e)}")
         finally:
             if token is not None:
                 gw.first_byte_seen(name, token)
-            gw.inflight[name] -= 1
+        ttft = clock.monotonic() - t0
+        # A non-streamed answer arrives whole: its time is generation time, not time to
+        # first token, and must not look like latency to the health core (R17).
+        if stream:
+            gw.report(name, RequestResult(Outcome.OK, ttft, resp.status))
+            gw.m_ttft.observe(ttft)
+        else:
+            gw.report(name, _OK_NONSTREAM)
+        return resp, data, resp.status
+
+    async def reopen(
+        self, path: str, body: bytes, model: str, tried: list[str], session_key: str | None
+    ) -> tuple[BackendRuntime, aiohttp.ClientResponse, bytes] | Failure | None:
+        """Open a continuation stream on a backend not yet tried for this request.
+
+        On success the backend is acquired (in flight) and the caller must release it."""
+        gw = self.gw
+        last: Failure | None = None
+        for _ in range(self.max_attempts):
+            verdict = gw.pick(model, tried, session_key)
+            if verdict is None:
+                break
+            backend = gw.backends[verdict.name]
+            tried.append(backend.name)
+            gw.acquire(backend.name)
+            opened = await self._open(backend, path, body, True, self.per_try)
+            if isinstance(opened, Failure):
+                gw.release(backend.name)
+                last = opened
+                continue
+            return backend, opened[0], opened[1]
+        return last
 
     async def _upstream_error(
         self, backend: BackendRuntime, resp: aiohttp.ClientResponse, t0: float
-    ) -> _Failure:
+    ) -> Failure:
         status = resp.status
         retry_after = resp.headers.get("retry-after")
         outcome = classify_status(status, retry_after is not None)
@@ -230,62 +275,13 @@ class Forwarder:
         if outcome is Outcome.CLIENT_ERROR:
             headers = {"content-type": resp.headers.get("content-type", "application/json")}
             headers["x-pulsegate-backend"] = backend.name
-            return _Failure(
+            return Failure(
                 outcome,
                 status,
                 "client error",
                 response=web.Response(status=status, body=data, headers=headers),
             )
-        return _Failure(outcome, status, f"{backend.name}: HTTP {status}", retry_after)
-
-    async def _stream(
-        self,
-        request: web.Request,
-        backend: BackendRuntime,
-        resp: aiohttp.ClientResponse,
-        headers: dict[str, str],
-        first: bytes,
-        model: str,
-    ) -> web.StreamResponse:
-        gw = self.gw
-        out = web.StreamResponse(status=resp.status, headers=headers)
-        out.headers.update(_SSE_HEADERS)
-        await out.prepare(request)
-        tail = first[-16:]
-        try:
-            await out.write(first)
-            async for chunk in resp.content.iter_any():
-                await out.write(chunk)
-                tail = (tail + chunk)[-16:]
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            if request.transport is None or request.transport.is_closing():
-                resp.close()
-                raise  # the client went away: nothing more to say
-            # The upstream broke after the client had bytes: say so, never end silently.
-            gw.report(backend.name, RequestResult(Outcome.STREAM_BROKEN, None, None))
-            await _end_with_error(out, f"upstream {backend.name} failed mid-stream: {describe(e)}")
-            gw.m_requests.inc((backend.name, model, "stream_broken"))
-            resp.close()
-            return out
-        resp.release()
-        if b"[DONE]" not in tail:
-            # EOF without [DONE]: the backend's stream was cut short (or it never sends one).
-            gw.report(backend.name, RequestResult(Outcome.STREAM_BROKEN, None, None))
-            await _end_with_error(out, f"upstream {backend.name} ended the stream early")
-            gw.m_requests.inc((backend.name, model, "stream_broken"))
-            return out
-        gw.m_requests.inc((backend.name, model, str(resp.status)))
-        await out.write_eof()
-        return out
-
-
-async def _end_with_error(out: web.StreamResponse, message: str) -> None:
-    try:
-        await out.write(sse_error_event(502, message, "upstream_stream_broken"))
-        await out.write(b"data: [DONE]\n\n")
-        await out.write_eof()
-    except (ConnectionError, RuntimeError):
-        pass
+        return Failure(outcome, status, f"{backend.name}: HTTP {status}", retry_after)
 
 
 def _response_headers(resp: aiohttp.ClientResponse, name: str, attempts: int) -> dict[str, str]:
@@ -302,7 +298,7 @@ def _too_large(limit: int) -> web.Response:
     return error_response(413, f"request body exceeds the {limit}-byte limit", "request_too_large")
 
 
-def _final_error(model: str, tried: list[str], last: _Failure | None) -> web.Response:
+def _final_error(model: str, tried: list[str], last: Failure | None) -> web.Response:
     headers = {"x-pulsegate-attempts": str(len(tried)), "retry-after": "1"}
     if last is None:
         return error_response(

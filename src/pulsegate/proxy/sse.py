@@ -1,0 +1,98 @@
+"""Incremental server-sent-events parser, correct under arbitrary chunk boundaries.
+
+Follows the WHATWG event-stream rules that matter for a proxy: lines end with CRLF, LF or
+CR (a CR at the end of a chunk may be the first half of a CRLF, so it waits for the next
+byte); a blank line ends an event; `data:` lines are joined with LF, one leading space is
+dropped; lines starting with ':' are comments. Each complete event keeps its raw bytes, so
+the proxy forwards exactly what the backend sent, one whole event at a time, and never a
+half event that a resumed stream could not complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    raw: bytes  # the event's bytes as received, including its terminating blank line
+    data: bytes | None  # joined data lines; None when the event had no data field
+    name: bytes | None = None  # the `event:` field, if any
+
+
+class SSEParser:
+    __slots__ = ("_buf", "_data", "_name", "_pos", "_start")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._start = 0  # where the event being read starts in _buf
+        self._pos = 0  # where the next unread line starts in _buf
+        self._data: list[bytes] = []
+        self._name: bytes | None = None
+
+    def feed(self, chunk: bytes, eof: bool = False) -> list[Event]:
+        """Add bytes; return the events they complete (possibly none)."""
+        buf = self._buf[self._start :] + chunk if self._start else self._buf + chunk
+        self._pos -= self._start
+        self._start = 0
+        self._buf = buf
+        events: list[Event] = []
+        pos = self._pos
+        n = len(buf)
+        while pos < n:
+            lf = buf.find(b"\n", pos)
+            cr = buf.find(b"\r", pos, lf if lf >= 0 else n)
+            if cr >= 0:
+                if cr + 1 == n and not eof:
+                    break  # a CR at the very end: wait to see whether LF follows
+                end = cr
+                nxt = cr + 2 if cr + 1 < n and buf[cr + 1] == 0x0A else cr + 1
+            elif lf >= 0:
+                end, nxt = lf, lf + 1
+            else:
+                break
+            if end == pos:  # blank line: the event is complete
+                if self._data or self._name is not None or pos > self._start:
+                    data = b"\n".join(self._data) if self._data else None
+                    events.append(Event(buf[self._start : nxt], data, self._name))
+                self._data = []
+                self._name = None
+                self._start = nxt
+            else:
+                self._field(buf[pos:end])
+            pos = nxt
+        self._pos = pos
+        if self._start == len(buf):
+            self._buf = b""
+            self._pos = self._start = 0
+        return events
+
+    def _field(self, line: bytes) -> None:
+        if line[:1] == b":":
+            return  # comment
+        name, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+        elif name == b"event":
+            self._name = value
+
+    def pending(self) -> bytes:
+        """Bytes of an event not yet complete (what a broken stream left half-sent)."""
+        return self._buf[self._start :]
+
+    def close(self) -> list[Event]:
+        """End of stream: a final event without its blank line is still an event."""
+        events = self.feed(b"", eof=True)
+        rest = self.pending()
+        if self._pos < len(self._buf):  # a last line without its line ending
+            self._field(self._buf[self._pos :])
+        if rest and (self._data or self._name is not None):
+            data = b"\n".join(self._data) if self._data else None
+            events.append(Event(rest, data, self._name))
+        self._buf = b""
+        self._pos = self._start = 0
+        self._data = []
+        self._name = None
+        return events
