@@ -1,0 +1,391 @@
+"""The probe scheduler: one asyncio task per backend and probe kind, cadence set by state.
+
+Each task runs one probe, emits what it observed, then pauses until the next one is due:
+
+| kind       | stable (`unstable(name)` False)      | unstable                    | jitter    |
+| ---------- | ------------------------------------ | --------------------------- | --------- |
+| readiness  | readiness.interval (10 s)            | readiness.interval_unstable | +-10%     |
+| micro      | interval + U(0, jitter) (3-5 s)      | a third of that (1-1.7 s)   | as stated |
+| canary     | canary.interval (2 s)                | a third (0.67 s)            | +-10%     |
+| metrics    | metrics_interval (1 s)               | the same                    | +-10%     |
+
+Intervals run from the start of one probe to the start of the next, so a probe that times
+out does not stretch the cadence; since a task awaits its probe before pausing, at most one
+probe of a kind is ever in flight per backend (R14: probes never overload an instance).
+While stable, a pause re-asks `unstable(name)` at every unstable-interval mark, so a backend
+turning unstable is probed fast within one short interval, without the gateway having to
+poke. A loop whose own last probe failed (no answer, error, not ready) also uses the fast
+interval: the next round confirms or clears the failure without waiting for the core. So
+from a blackhole to the second consecutive canary failure takes at most one interval plus
+a third of one plus the timeout (2.2 + 0.73 + 0.35 = 3.3 s with defaults, about 2 s on
+average) instead of two full intervals.
+
+`poke(name)` ends that backend's pauses at once - but never sooner than `POKE_MIN_GAP_S`
+after the previous probe of the same kind, and a poke that arrives while a probe is in
+flight is answered by that probe, not by a second one.
+
+Gating (decisions the health core cannot make for us, because they are about what to send):
+- micro-inference and canary wait for the backend's first readiness answer and are skipped
+  while the engine itself says it is not ready (loading, warming, model missing): sending
+  inference to a loading engine only manufactures failures. They resume the moment
+  readiness says ready. A backend that does not answer readiness at all is still probed:
+  failures there are real evidence.
+- micro-inference is skipped while `micro_via_agent(name)` is True (the agent's heartbeat
+  stream carries it); asked every round, so the HTTP probe resumes if the agent goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from pulsegate.config import BackendConfig, ProbesConfig
+from pulsegate.health.observations import Observation, ProbeKind, ProbeResult
+from pulsegate.probers.engine_metrics import EngineMetricsReader
+from pulsegate.probers.http import PROBE_HEADER, new_probe_session
+from pulsegate.probers.micro import probe_inference
+from pulsegate.probers.payload import Api, CanaryText, canary_body, micro_body
+from pulsegate.probers.readiness import probe_readiness
+from pulsegate.probers.scrape import scrape_engine
+
+log = logging.getLogger("pulsegate.probers")
+
+# Unstable micro-inference and canary run this many times faster (3-5 s -> 1-1.7 s, R14).
+UNSTABLE_SPEEDUP = 3.0
+# Interval jitter for readiness, canary and metrics (micro has its own configured jitter).
+JITTER = 0.1
+# A storm of pokes starts at most one probe per kind per backend every 200 ms.
+POKE_MIN_GAP_S = 0.2
+
+
+class Kind(enum.Enum):
+    """A probe loop; the value is what the `x-pulsegate-probe` header says."""
+
+    READINESS = "readiness"
+    MICRO = "micro"
+    CANARY = "canary"
+    METRICS = "metrics"
+
+
+@dataclass(eq=False)
+class _Backend:
+    """What the loops of one backend share. Touched only from the event loop."""
+
+    cfg: BackendConfig
+    headers: dict[Kind, dict[str, str]]
+    canary_text: CanaryText
+    models: tuple[str, ...]
+    api: Api = Api.COMPLETIONS
+    not_ready: bool = False  # the engine answered readiness and said: cannot serve yet
+    answered: asyncio.Event = field(default_factory=asyncio.Event)  # first readiness done
+    wake: dict[Kind, asyncio.Event] = field(default_factory=dict)
+    canary_bodies: dict[tuple[str, Api], bytes] = field(default_factory=dict)
+    logged: dict[str, str] = field(default_factory=dict)  # topic -> last state logged
+    metrics: EngineMetricsReader = field(default_factory=EngineMetricsReader)
+
+
+class Prober:
+    """Active HTTP probes for every backend; produces observations and nothing else.
+
+    Probes run on the Prober's own session (`new_probe_session()`, made in `start()`, closed
+    in `close()`): its own small connection pool, so probes never queue behind client
+    traffic and never hold more than 4 connections to a backend. The `session` argument is
+    accepted so existing callers keep working, and is not used for probing. `clock`
+    (monotonic seconds) times probes and cadence and must advance with real time; `rng`
+    draws jitter and the canary text.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[BackendConfig],
+        probes: ProbesConfig,
+        session: aiohttp.ClientSession | None,
+        emit: Callable[[str, Observation], None],
+        unstable: Callable[[str], bool],
+        set_models: Callable[[str, tuple[str, ...]], None],
+        rng: random.Random,
+        clock: Callable[[], float] = time.monotonic,
+        micro_via_agent: Callable[[str], bool] = lambda name: False,
+    ) -> None:
+        self._configs = tuple(backends)
+        self._probes = probes
+        self._pool: aiohttp.ClientSession | None = None
+        self._emit_cb = emit
+        self._unstable_cb = unstable
+        self._set_models_cb = set_models
+        self._rng = rng
+        self._clock = clock
+        self._via_agent_cb = micro_via_agent
+        self._backends: dict[str, _Backend] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._failing: set[str] = set()  # callbacks whose last call raised
+
+    async def start(self) -> None:
+        """Read API keys from the environment and start every probe loop."""
+        if self._backends or self._closed:
+            raise RuntimeError("Prober.start() may be called once")
+        self._pool = new_probe_session()
+        for cfg in self._configs:
+            b = _Backend(
+                cfg=cfg,
+                headers={k: {PROBE_HEADER: k.value, **_auth(cfg)} for k in Kind},
+                canary_text=CanaryText(self._rng, self._probes.canary.payload_bytes),
+                models=cfg.models,
+            )
+            kinds = [Kind.READINESS, Kind.MICRO, Kind.CANARY]
+            if cfg.metrics_path:
+                kinds.append(Kind.METRICS)
+            b.wake = {k: asyncio.Event() for k in kinds}
+            self._backends[cfg.name] = b
+            for kind in kinds:
+                task = asyncio.create_task(
+                    self._loop(b, kind), name=f"probe {cfg.name} {kind.value}"
+                )
+                self._tasks.add(task)
+
+    async def close(self) -> None:
+        """Cancel every probe loop and wait for them; in-flight requests are abandoned."""
+        self._closed = True
+        tasks = list(self._tasks)
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._pool is not None:
+            await self._pool.close()
+
+    def poke(self, name: str) -> None:
+        """Wake the pausing probe loops of backend `name` now (unknown names are ignored)."""
+        b = self._backends.get(name)
+        if b is not None:
+            for event in b.wake.values():
+                event.set()
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def _loop(self, b: _Backend, kind: Kind) -> None:
+        probe: Callable[[_Backend], Awaitable[bool]] = {
+            Kind.READINESS: self._readiness,
+            Kind.MICRO: self._micro,
+            Kind.CANARY: self._canary,
+            Kind.METRICS: self._metrics,
+        }[kind]
+        if kind is not Kind.READINESS:
+            await b.answered.wait()
+            # Spread the first probes of many backends over a tenth of an interval.
+            await _wait(b.wake[kind], self._rng.uniform(0.0, 0.1 * self._delays(kind)[0]))
+        while True:
+            started = self._clock()
+            failed = False
+            try:
+                failed = await probe(b)
+            except Exception:  # a bug in one round must not stop the backend's probing
+                log.exception("probe %s %s crashed", b.cfg.name, kind.value)
+            b.wake[kind].clear()  # pokes during the probe are answered by it
+            await self._pause(b, kind, started, failed)
+
+    async def _pause(self, b: _Backend, kind: Kind, started: float, failed: bool) -> None:
+        """Until the next probe is due: the slow delay, the fast one once unstable (or right
+        after this loop's own probe failed: confirm or clear it soon), or a poke."""
+        slow, fast = self._delays(kind)
+        checkpoint = min(fast, slow)
+        while True:
+            left = checkpoint - (self._clock() - started)
+            if left > 0 and await _wait(b.wake[kind], left):
+                gap = POKE_MIN_GAP_S - (self._clock() - started)
+                if gap > 0:
+                    await asyncio.sleep(gap)
+                return
+            if checkpoint >= slow or failed or self._unstable(b):
+                return
+            checkpoint = min(checkpoint + fast, slow)
+
+    def _delays(self, kind: Kind) -> tuple[float, float]:
+        """(stable, unstable) delay between probe starts, jitter drawn."""
+        p = self._probes
+        j = self._rng.uniform(1.0 - JITTER, 1.0 + JITTER)
+        if kind is Kind.READINESS:
+            return p.readiness.interval * j, p.readiness.interval_unstable * j
+        if kind is Kind.MICRO:
+            base = p.micro_inference.interval + self._rng.uniform(0.0, p.micro_inference.jitter)
+            return base, base / UNSTABLE_SPEEDUP
+        if kind is Kind.CANARY:
+            return p.canary.interval * j, p.canary.interval * j / UNSTABLE_SPEEDUP
+        return p.metrics_interval * j, p.metrics_interval * j
+
+    # ---- the probes ----------------------------------------------------------------------
+
+    # Each probe returns True when its round failed (no answer, or not ready), so the loop
+    # looks again at the fast cadence.
+
+    async def _readiness(self, b: _Backend) -> bool:
+        cfg = b.cfg
+        r = await probe_readiness(
+            self._session(),
+            cfg.url,
+            b.headers[Kind.READINESS],
+            cfg.models,
+            self._probes.readiness.timeout,
+            self._clock,
+        )
+        if r.listed and not cfg.models and r.listed != b.models:
+            b.models = r.listed
+            self._call("set_models", self._set_models_cb, cfg.name, r.listed)
+        was_not_ready = b.not_ready
+        b.not_ready = r.result.ok and not r.result.ready
+        b.answered.set()
+        self._emit(cfg.name, r.result)
+        if was_not_ready and not b.not_ready:  # engine just became ready: prove it serves
+            for kind in (Kind.MICRO, Kind.CANARY):
+                b.wake[kind].set()
+        return not r.result.ready
+
+    async def _micro(self, b: _Backend) -> bool:
+        if self._call("micro_via_agent", self._via_agent_cb, b.cfg.name) or not self._servable(b):
+            return False
+        model = b.models[0]
+        out = await probe_inference(
+            ProbeKind.MICRO,
+            self._session(),
+            b.cfg.url,
+            b.headers[Kind.MICRO],
+            lambda api: micro_body(model, api),
+            b.api,
+            self._probes.micro_inference.timeout,
+            self._clock,
+        )
+        return self._settle(b, Kind.MICRO, out.api, out.result)
+
+    async def _canary(self, b: _Backend) -> bool:
+        if not self._servable(b):
+            return False
+        model = b.models[0]
+
+        def body(api: Api) -> bytes:
+            key = (model, api)
+            if key not in b.canary_bodies:
+                size = self._probes.canary.payload_bytes
+                b.canary_bodies[key] = canary_body(b.canary_text, model, api, size)
+            return b.canary_bodies[key]
+
+        out = await probe_inference(
+            ProbeKind.CANARY,
+            self._session(),
+            b.cfg.url,
+            b.headers[Kind.CANARY],
+            body,
+            b.api,
+            self._probes.canary.timeout,
+            self._clock,
+        )
+        return self._settle(b, Kind.CANARY, out.api, out.result)
+
+    async def _metrics(self, b: _Backend) -> bool:
+        cfg = b.cfg
+        timeout = min(self._probes.readiness.timeout, self._probes.metrics_interval)
+        out = await scrape_engine(
+            self._session(),
+            f"{cfg.url}{cfg.metrics_path}",
+            b.headers[Kind.METRICS],
+            timeout,
+            self._clock,
+            b.metrics,
+        )
+        if isinstance(out, str):
+            self._log_change(b, "metrics", "failing", f"metrics scrape of {cfg.name}: {out}")
+            return True
+        self._log_change(b, "metrics", "ok", f"metrics scrape of {cfg.name} ok again")
+        self._emit(cfg.name, out)
+        return False
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _session(self) -> aiohttp.ClientSession:
+        assert self._pool is not None, "probing before start()"
+        return self._pool
+
+    def _servable(self, b: _Backend) -> bool:
+        """Worth sending inference to: a model to name, and the engine not saying "not ready"."""
+        return bool(b.models) and not b.not_ready
+
+    def _settle(self, b: _Backend, kind: Kind, api: Api, result: ProbeResult | None) -> bool:
+        name = b.cfg.name
+        if api is not b.api:
+            log.info("backend %s answers probes on %s", name, api.value)
+            b.api = api
+        if result is None:
+            msg = f"{kind.value} probe of {name}: engine busy (429 or 503 + Retry-After), skipped"
+            self._log_change(b, kind.value, "busy", msg)
+            return False
+        if result.ok and result.reason:  # a canary the engine refused, network path fine
+            msg = (
+                f"canary of {name} answered {result.reason}: the network path is fine, but "
+                "check probes.canary.payload_bytes against the model's context length"
+            )
+            self._log_change(b, kind.value, "refused", msg)
+        else:
+            self._log_change(b, kind.value, "ok", f"{kind.value} probe of {name} answered")
+        self._emit(name, result)
+        return not result.ok
+
+    def _unstable(self, b: _Backend) -> bool:
+        return bool(self._call("unstable", self._unstable_cb, b.cfg.name))
+
+    def _emit(self, name: str, obs: Observation) -> None:
+        self._call("emit", self._emit_cb, name, obs)
+
+    def _call(self, what: str, fn: Callable[..., object], *args: object) -> object:
+        """Call back into the gateway. Its bug is logged (with traceback the first time, until
+        the callback works again) and never allowed to stop probing."""
+        try:
+            out = fn(*args)
+        except Exception:
+            if what not in self._failing:
+                self._failing.add(what)
+                log.exception("prober callback %s(%s) failed", what, args[0])
+            return None
+        self._failing.discard(what)
+        return out
+
+    def _log_change(self, b: _Backend, topic: str, state: str, message: str) -> None:
+        """Log `message` only when `topic` changes state ("ok" at start): no line per probe."""
+        if b.logged.get(topic, "ok") == state:
+            return
+        b.logged[topic] = state
+        log.log(logging.INFO if state == "ok" else logging.WARNING, "%s", message)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> bool:
+    """True if `event` was set within `seconds`."""
+    if seconds <= 0:
+        return event.is_set()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+        return True
+    return False
+
+
+def _auth(cfg: BackendConfig) -> dict[str, str]:
+    """``Authorization: Bearer $api_key_env``, read once at start; the key is never logged."""
+    if not cfg.api_key_env:
+        return {}
+    key = os.environ.get(cfg.api_key_env)
+    if not key:
+        log.warning(
+            "backend %s: environment variable %s is not set; probing without a key",
+            cfg.name,
+            cfg.api_key_env,
+        )
+        return {}
+    return {"Authorization": f"Bearer {key}"}
