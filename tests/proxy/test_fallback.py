@@ -72,7 +72,9 @@ def test_failing_backend_is_routed_around(
     assert all(attempts <= 2 for _, attempts in results)
     # Consecutive failures on real traffic eject it within a handful of requests.
     assert sum(1 for _, attempts in results if attempts > 1) <= 8
-    assert gw.backends()["c"]["state"] == "ejected"
+    # Out of rotation (ejected), or down-weighted so far that it no longer gets first tries.
+    c = gw.backends()["c"]
+    assert c["state"] == "ejected" or (c["state"] == "degraded" and c["weight"] < 0.1), c
 
 
 def test_never_the_same_backend_twice(

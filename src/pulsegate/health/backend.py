@@ -335,6 +335,10 @@ class BackendHealth:
         return _NOTHING
 
     def _on_readiness(self, p: ProbeResult, now: float) -> Sequence[Transition]:
+        if not p.ok:
+            # Unreachable or timed out says nothing about loading: it is counted as an
+            # error and the streak rules judge it (a hung engine is sick, not warming).
+            return _NOTHING
         if p.ready is False:
             self._ready = False
             self._ready_reason = p.reason or "loading"
@@ -346,8 +350,6 @@ class BackendHealth:
             if st is State.PROBATION:
                 return self._eject(now, Event.PROBATION_FAILED, "not_ready", why)
             return _NOTHING
-        if not p.ok:
-            return _NOTHING  # unreachable: counted as an error; the streak rules judge it
         self._ready = True
         self._probe_ok_since_eject = True
         return self._maybe_ready(now)
