@@ -22,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--duration", type=float, default=None, help="stop after N seconds")
     s.add_argument("--fault-after", type=float, default=15.0, help="seconds before each fault")
     s.add_argument("--fault-hold", type=float, default=15.0, help="seconds each fault lasts")
+    s.add_argument("--no-agents", action="store_true", help="no heartbeat agents")
 
     s = sub.add_parser("sim", help="one simulated OpenAI-compatible engine")
     s.add_argument("--port", type=int, required=True)
@@ -98,5 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "demo":
         from pulsegate.demo import run_demo
 
-        return run_demo(args.port, args.duration, args.fault_after, args.fault_hold)
+        return run_demo(
+            args.port, args.duration, args.fault_after, args.fault_hold, not args.no_agents
+        )
     return 2
