@@ -9,6 +9,7 @@ from aiohttp import web
 
 from pulsegate.admin import Admin
 from pulsegate.gateway import Gateway
+from pulsegate.observe.dashboard import register as register_dashboard
 from pulsegate.proxy.errors import error_response
 from pulsegate.proxy.forward import Forwarder
 
@@ -61,5 +62,6 @@ def build_app(gw: Gateway) -> web.Application:
     r.add_get("/admin/backends", admin.guard(admin.backends))
     r.add_get("/admin/events", admin.guard(admin.events))
     r.add_post("/admin/backends/{name}/{action}", admin.guard(admin.action))
+    register_dashboard(app, gw, admin.guard)  # GET /admin/summary, pulsegate_model_backends
     r.add_route("*", "/{tail:.*}", not_found)
     return app

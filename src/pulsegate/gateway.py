@@ -149,7 +149,8 @@ class Gateway:
 
     def _scores(self) -> Iterable[tuple[tuple[str, ...], float]]:
         for name, s in self._snapshots():
-            yield (name,), float(s["score"])
+            if s.get("score_known", True):  # an unknown score is absent, not 0
+                yield (name,), float(s["score"])
 
     def _weights(self) -> Iterable[tuple[tuple[str, ...], float]]:
         for name, s in self._snapshots():
