@@ -34,13 +34,13 @@ demo: install
 	$(VENV)/bin/pulsegate demo
 
 lint: install
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff format --check src tests bench scripts
 	$(VENV)/bin/mypy
 
 fmt: install
-	$(VENV)/bin/ruff format src tests bench
-	$(VENV)/bin/ruff check --fix src tests bench
+	$(VENV)/bin/ruff format src tests bench scripts
+	$(VENV)/bin/ruff check --fix src tests bench scripts
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -50,3 +50,6 @@ test-fast: install
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache $(PROTO_DIR)
+
+screenshot: install
+	$(PY) scripts/screenshot.py

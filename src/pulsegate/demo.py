@@ -152,14 +152,39 @@ async def _traffic(gw_url: str, stop: asyncio.Event, stats: dict[str, int]) -> N
                     json=body,
                     timeout=aiohttp.ClientTimeout(total=15),
                 ) as r:
-                    await r.read()
-                    stats["ok" if r.status == 200 else "failed"] += 1
+                    data = await r.read()
+                    if r.status == 200 and b'"error"' in data[-400:]:
+                        _failed(stats, f"stream ended with an error: {data[-300:]!r}")
+                    elif r.status != 200:
+                        _failed(stats, f"HTTP {r.status}: {data[:300]!r}")
+                    else:
+                        stats["ok"] += 1
                     backend = r.headers.get("x-pulsegate-backend", "?")
                     stats[f"via:{backend}"] = stats.get(f"via:{backend}", 0) + 1
-            except (aiohttp.ClientError, TimeoutError):
-                stats["failed"] += 1
+            except (aiohttp.ClientError, TimeoutError) as e:
+                _failed(stats, f"client error: {type(e).__name__}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.12)
+
+
+async def _wait_ready(gw_url: str, stop: asyncio.Event) -> None:
+    """Traffic starts once a backend is ready (before that the gateway rightly says 503)."""
+    async with aiohttp.ClientSession() as s:
+        for _ in range(300):  # 30 s at most
+            try:
+                async with s.get(f"{gw_url}/admin/backends") as r:
+                    if any(b["state"] == "ready" for b in (await r.json())["backends"]):
+                        return
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
+                return
+
+
+def _failed(stats: dict[str, int], why: str) -> None:
+    stats["failed"] += 1
+    print(f"!!! a client request failed: {why}", flush=True)
 
 
 async def _events(gw_url: str, stop: asyncio.Event) -> None:
@@ -207,6 +232,7 @@ async def _run(demo: Demo, gw_url: str, sims: dict[str, Child]) -> dict[str, int
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     stats = {"ok": 0, "failed": 0}
+    await _wait_ready(gw_url, stop)
     tasks = [
         asyncio.create_task(_traffic(gw_url, stop, stats)),
         asyncio.create_task(_events(gw_url, stop)),
