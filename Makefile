@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install proto demo test lint fmt test-fast clean
+.PHONY: install proto demo test lint fmt test-fast clean screenshot
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

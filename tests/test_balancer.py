@@ -599,3 +599,11 @@ def test_benchmark_note() -> None:
                 bal.pick(cands, inflight, (), key)
             per_pick_us = (time.perf_counter() - t0) * 10.0
             print(f"{n:>2} candidates, {label}: {per_pick_us:.2f} µs/pick")
+
+
+def test_rtt_noise_does_not_concentrate_light_traffic() -> None:
+    """Idle backends 15 ms vs 17 ms share traffic by weight; 3x slower clearly loses."""
+    near = shares(balancer(), (V("a", rtt=0.015), V("b", rtt=0.017)), 4_000)
+    assert 0.45 < near["a"] < 0.55
+    far = shares(balancer(), (V("a", rtt=0.015), V("b", rtt=0.045)), 4_000)
+    assert far.get("b", 0.0) == 0.0

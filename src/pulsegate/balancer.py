@@ -21,9 +21,10 @@ Topology (R29)
 Weighted power of two choices (no session key)
     The first draw is proportional to weight. A challenger is drawn uniformly among the
     *other* eligible backends and kept with probability weight / max weight (so, when kept, it
-    is a second distinct weighted draw); it replaces the first only with a strictly lower load::
+    is a second distinct weighted draw); it replaces the first only with a load lower by more
+    than LOAD_TOLERANCE (15%), so measurement noise does not decide::
 
-        load = rtt x (1 + inflight / rel_weight) x (1 - 0.05 x cache_hit - 0.05 x gpu_free)
+        load = rtt x (1 + inflight / rel_weight)
 
     - ``rtt`` = ``max(rtt_s, 1 ms)``; the floor keeps sub-millisecond LAN jitter from
       counting. An unknown RTT is taken equal to the rival's, so a new backend never wins on a
@@ -32,7 +33,8 @@ Weighted power of two choices (no session key)
       equal weights the factor is linkerd's ``pending + 1``. Dividing in-flight by weight makes
       the fixed point inflight ∝ weight, so a probation backend at 15% carries ~15% of a peer's
       load; the ``+1`` is *not* divided by weight, so idle backends tie whatever their weight.
-    - The last factor is the R24 tie-break: at most 10% for a warm prefix cache and free VRAM.
+    - Near-ties on load (within LOAD_TOLERANCE) go to the lower ``1 - 0.05 x cache_hit -
+      0.05 x gpu_free`` (the R24 tie-break: warm prefix cache, free VRAM), else to the draw.
 
     Shares. At equal load the first draw stands, so every backend gets exactly p = w / sum(w).
     A low-weight backend that is idle while the others are busy wins every challenge it makes,
@@ -89,6 +91,8 @@ __all__ = [
 MIN_GPU_FREE = 0.05
 # RTTs below 1 ms are treated as 1 ms: sub-ms differences on one LAN are noise, not signal.
 RTT_FLOOR_S = 0.001
+# A challenger must beat the first draw's load by more than this share to replace it.
+LOAD_TOLERANCE = 0.15
 # R24 tie-break: a fully warm prefix cache and a fully free GPU each shave 5% off the load.
 CACHE_BONUS = 0.05
 VRAM_BONUS = 0.05
@@ -239,13 +243,17 @@ class Balancer:
             rtt_a = rtt_b or RTT_FLOOR_S
         if not rtt_b:
             rtt_b = rtt_a
-        # The challenger must be strictly better: ties keep the weighted first draw, so at equal
-        # load every backend gets exactly its weight share.
-        if _load(b, inflight.get(b.name, 0), rtt_b, wmax) < _load(
-            a, inflight.get(a.name, 0), rtt_a, wmax
-        ):
+        # The challenger must be clearly better (by more than LOAD_TOLERANCE): near-ties keep
+        # the weighted first draw, so at equal load every backend gets its weight share, and
+        # RTT noise (15 ms vs 17 ms) does not send all light, one-at-a-time traffic to one.
+        la = _load(a, inflight.get(a.name, 0), rtt_a, wmax)
+        lb = _load(b, inflight.get(b.name, 0), rtt_b, wmax)
+        if lb * (1.0 + LOAD_TOLERANCE) < la:
             return b
-        return a
+        if la * (1.0 + LOAD_TOLERANCE) < lb:
+            return a
+        # A near-tie on load: the warmer prefix cache and freer VRAM win (R24), else the draw.
+        return b if _warmth(b) < _warmth(a) else a
 
     def _affinity(
         self, members: list[Verdict], inflight: Mapping[str, int], key: str, equal: bool
@@ -323,6 +331,11 @@ def _load(v: Verdict, n: int, rtt: float, wmax: float) -> float:
         pending = 1.0 + n / rel
     else:  # weight underflowed relative to the largest: as good as unpickable
         return _INF
+    return rtt * pending
+
+
+def _warmth(v: Verdict) -> float:
+    """1 minus the cache and VRAM bonus: lower is better (at most 10% below 1)."""
     factor = 1.0
     h = v.prefix_cache_hit_rate
     if h is not None and h > 0.0:
@@ -330,4 +343,4 @@ def _load(v: Verdict, n: int, rtt: float, wmax: float) -> float:
     g = v.gpu_free_ratio
     if g is not None and g > 0.0:
         factor -= VRAM_BONUS * (g if g < 1.0 else 1.0)
-    return rtt * pending * factor
+    return factor
