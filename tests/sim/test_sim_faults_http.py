@@ -161,13 +161,14 @@ def test_stall_hangs_non_stream(sim: SimProc) -> None:
 
 def test_slow_multiplies_latency(sim: SimProc) -> None:
     """`slow` factor 10: 5 ms TTFT + 19 x 1 ms ITL (24 ms) becomes 240 ms."""
-    body = {"prompt": "a prompt no other test sends", "max_tokens": 20}  # no prefix hit
+    # Two prompts no other test sends: a prefix-cache hit would cut the second TTFT to 30%.
+    body = {"prompt": "a prompt no other test sends", "max_tokens": 20}
     t0 = time.monotonic()
     _post(sim, body)
     normal = time.monotonic() - t0
     sim.fault("slow", factor=10)
     t0 = time.monotonic()
-    assert _post(sim, body).status_code == 200
+    assert _post(sim, {**body, "prompt": "another prompt nobody sends"}).status_code == 200
     slow = time.monotonic() - t0
     assert slow >= 0.23 and normal < slow  # 10 ms slack: uvloop's clock ticks in ms
 
