@@ -51,7 +51,7 @@ class Proc:
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
         self.args = args
         self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "pulsegate", *args],
@@ -115,9 +115,11 @@ class Proc:
 
 
 class Sim(Proc):
-    def __init__(self, tmp: Path, name: str, *extra: str, model: str = "demo-7b"):
+    def __init__(
+        self, tmp: Path, name: str, *extra: str, model: str = "demo-7b", port: int = 0
+    ) -> None:
         super().__init__(
-            ["sim", "--port", "0", "--name", name, "--model", model, *extra],
+            ["sim", "--port", str(port), "--name", name, "--model", model, *extra],
             tmp / f"sim-{name}.log",
         )
         self.name = name
