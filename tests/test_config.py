@@ -107,3 +107,15 @@ def test_check_command_exit_codes(tmp_path: Path) -> None:
     assert ko.returncode == 2
     assert "backends[0].zone: must be a string" in ko.stderr
     assert "foo: unknown key" in ko.stderr
+
+
+def test_min_ready_accepts_a_number_or_a_per_model_mapping() -> None:
+    """routing.min_ready is one number for all models, or a mapping with a default."""
+    base = {"backends": [{"name": "a", "url": "http://127.0.0.1:1"}]}
+    cfg = parse_config({**base, "routing": {"min_ready": 2}})
+    assert cfg.routing.min_ready_for("any") == 2
+    cfg = parse_config({**base, "routing": {"min_ready": {"default": 1, "big-70b": 3}}})
+    assert cfg.routing.min_ready_for("big-70b") == 3
+    assert cfg.routing.min_ready_for("small") == 1
+    errs = _errors({**base, "routing": {"min_ready": {"big": -1}}})
+    assert errs == ["routing.min_ready: big: must be a non-negative integer, got -1"]

@@ -15,7 +15,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import yaml
@@ -149,6 +149,15 @@ class RoutingConfig:
     prefix_affinity_chars: int = 0
     queue_timeout: float = 2.0
     queue_max: int = 1024
+    # Fewer ready backends than this for a model raises an alert and a metric (0: off).
+    min_ready: int = 0
+    min_ready_per_model: tuple[tuple[str, int], ...] = ()
+
+    def min_ready_for(self, model: str) -> int:
+        for m, n in self.min_ready_per_model:
+            if m == model:
+                return n
+        return self.min_ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -502,8 +511,30 @@ def _routing(r: _Reader) -> RoutingConfig:
         queue_timeout=r.get("queue_timeout", d.queue_timeout, _dur()),
         queue_max=r.get("queue_max", d.queue_max, _int(0)),
     )
+    raw = r.get("min_ready", None, _min_ready)
+    if raw is not None:
+        default, per_model = raw
+        c = replace(c, min_ready=default, min_ready_per_model=per_model)
     r.finish()
     return c
+
+
+def _min_ready(v: object) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """`min_ready: 2` for every model, or `{default: 1, demo-7b: 2}` per model."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v, ()
+    if isinstance(v, Mapping):
+        default = 0
+        per: list[tuple[str, int]] = []
+        for k, n in v.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"{k}: must be a non-negative integer, got {n!r}")
+            if k == "default":
+                default = n
+            else:
+                per.append((str(k), n))
+        return default, tuple(per)
+    raise ValueError(f"must be a non-negative integer or a mapping of model to integer, got {v!r}")
 
 
 def _retry(r: _Reader) -> RetryConfig:

@@ -9,6 +9,7 @@ Balancer do, and this module only feeds them observations, acts on their transit
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -30,7 +31,7 @@ from pulsegate.health.observations import (
     Observation,
     ProbeResult,
 )
-from pulsegate.health.verdict import State, Verdict
+from pulsegate.health.verdict import ROUTABLE, State, Verdict
 from pulsegate.observe.alerts import AlertSender
 from pulsegate.observe.events import EventLog
 from pulsegate.observe.metrics import Counter, Gauge, Histogram, Registry
@@ -89,6 +90,8 @@ class Gateway:
         self._waiting: dict[str, dict[int, float]] = {b.name: {} for b in config.backends}
         self._overdue_reported: dict[str, float] = {}
         self._streams: dict[str, set[Watchdog]] = {b.name: set() for b in config.backends}
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._below_min: set[str] = set()
         self.shutting_down = False
         self.drained = asyncio.Event()
         self._tokens = itertools.count()
@@ -121,6 +124,9 @@ class Gateway:
         self.m_resumes: Counter = r.counter(
             "pulsegate_stream_resumes_total", "Streams continued on another backend"
         )
+        self.m_queued: Counter = r.counter(
+            "pulsegate_queued_total", "Requests that waited for a backend with free capacity"
+        )
         self.m_ejections: Counter = r.counter(
             "pulsegate_ejections_total", "Ejections by backend and reason", ("backend", "reason")
         )
@@ -142,6 +148,67 @@ class Gateway:
         r.add(Gauge("pulsegate_backend_weight", "Effective weight", ("backend",), self._weights))
         r.add(Gauge("pulsegate_backend_inflight", "Requests in flight", ("backend",), self._infl))
         r.add(Gauge("pulsegate_panic", "1 while in panic mode", (), self._panic))
+        r.add(
+            Gauge(
+                "pulsegate_model_ready",
+                "Ready backends per model (routable: ready, degraded, probation)",
+                ("model",),
+                self._model_ready,
+            )
+        )
+        r.add(
+            Gauge(
+                "pulsegate_model_below_min_ready",
+                "1 while a model has fewer ready backends than routing.min_ready",
+                ("model",),
+                lambda: (((m,), 1.0 if m in self._below_min else 0.0) for m in self._min_models()),
+            )
+        )
+        r.add(Gauge("pulsegate_queue_depth", "Requests waiting for capacity", (), self._qdepth))
+
+    def _qdepth(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        yield (), float(len(self._waiters))
+
+    def _ready_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(self.fleet.models(), 0)
+        for name in self.backends:
+            if self.fleet.state(name) in ROUTABLE:
+                for m in self.fleet.backend_models(name):
+                    counts[m] = counts.get(m, 0) + 1
+        return counts
+
+    def _model_ready(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        for m, n in sorted(self._ready_counts().items()):
+            yield (m,), float(n)
+
+    def _min_models(self) -> list[str]:
+        r = self.config.routing
+        return sorted(m for m in self.fleet.models() if r.min_ready_for(m) > 0)
+
+    def _check_min_ready(self) -> None:
+        """Alert when a model has fewer ready backends than routing.min_ready (R25)."""
+        r = self.config.routing
+        if not r.min_ready and not r.min_ready_per_model:
+            return
+        for m, n in self._ready_counts().items():
+            want = r.min_ready_for(m)
+            below = n < want
+            if below == (m in self._below_min):
+                continue
+            if below:
+                self._below_min.add(m)
+                self.events.record(
+                    f"model:{m}", "capacity_ok", "capacity_low",
+                    f"only {n} ready backend(s) for {m}, min_ready is {want}", {"ready": n},
+                    "min_ready",
+                )  # fmt: skip
+            else:
+                self._below_min.discard(m)
+                self.events.record(
+                    f"model:{m}", "capacity_low", "capacity_ok",
+                    f"{n} ready backend(s) for {m} again (min_ready {want})", {"ready": n},
+                    "min_ready",
+                )  # fmt: skip
 
     def _snapshots(self) -> Iterable[tuple[str, dict[str, Any]]]:
         for name in self.backends:
@@ -217,8 +284,49 @@ class Gateway:
 
     def release(self, name: str) -> None:
         self.inflight[name] -= 1
+        if self._waiters:
+            self._wake_one()
         if self.shutting_down and not any(self.inflight.values()):
             self.drained.set()
+
+    # -- the capacity queue: when every candidate is at its limit, wait, then 503 -----------
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def wait_for_capacity(
+        self, model: str, session_key: str | None, within: float
+    ) -> Verdict | None:
+        """Wait (FIFO, bounded by routing.queue_max) until a backend for `model` has room,
+        at most `within` seconds. None: the queue is full or the wait timed out."""
+        if len(self._waiters) >= self.config.routing.queue_max:
+            return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        self.m_queued.inc()
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                async with asyncio.timeout(left):
+                    await fut
+            except TimeoutError:
+                return None
+            finally:
+                if not fut.done():
+                    fut.cancel()
+            verdict = self.pick(model, (), session_key)
+            if verdict is not None:
+                return verdict
+            if self._waiters:  # the slot went to another model's backend: pass the turn on
+                self._wake_one()
 
     async def wait_drained(self, within: float) -> bool:
         """During shutdown: wait until nothing is in flight, at most `within` seconds."""
@@ -345,6 +453,7 @@ class Gateway:
             transitions = self.fleet.tick(clock.monotonic())
             if transitions:
                 self.on_transitions(transitions)
+            self._check_min_ready()
 
     async def _watch_loop(self) -> None:
         while True:

@@ -19,7 +19,14 @@ from pulsegate import clock
 log = logging.getLogger("pulsegate.events")
 
 # Which transitions page someone: (to_state) -> alert kind.
-_ALERT_ON = {"ejected": "ejected", "ready": "recovered", "panic": "panic", "panic_over": "panic"}
+_ALERT_ON = {
+    "ejected": "ejected",
+    "ready": "recovered",
+    "panic": "panic",
+    "panic_over": "panic",
+    "capacity_low": "capacity",
+    "capacity_ok": "capacity",
+}
 
 
 class EventLog:
@@ -40,7 +47,7 @@ class EventLog:
         ev: dict[str, Any] = {
             "id": next(self._seq),
             "ts": round(clock.wall(), 3),
-            "kind": "panic" if cause == "panic" else "transition",
+            "kind": cause if cause in ("panic", "min_ready") else "transition",
             "cause": cause,
             "backend": backend,
             "from": from_state,
@@ -76,6 +83,8 @@ def _alert_payload(kind: str, ev: dict[str, Any]) -> dict[str, Any]:
         text = f"node {name} ejected: {ev['reason']}"
     elif kind == "recovered":
         text = f"node {name} recovered"
+    elif kind == "capacity":
+        text = ev["reason"]
     else:
         text = f"panic mode {'entered' if ev['to'] == 'panic' else 'over'}: {ev['reason']}"
     return {"alert": kind, "text": text, "event": ev}

@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from pulsegate import clock
+from pulsegate.balancer import prefix_key
 from pulsegate.health.observations import Outcome, RequestResult
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
 from pulsegate.proxy.errors import error_response
@@ -60,6 +61,8 @@ class Forwarder:
         self.per_try = cfg.retry.per_try_timeout
         self.per_token = cfg.retry.per_token_timeout
         self.request_timeout = cfg.retry.request_timeout
+        self.prefix_chars = cfg.routing.prefix_affinity_chars
+        self.queue_timeout = cfg.routing.queue_timeout
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self.handle(request, CHAT)
@@ -101,6 +104,8 @@ class Forwarder:
         if key is None:
             user = doc.get("user")
             key = user if isinstance(user, str) and user else None
+            if key is None and self.prefix_chars:
+                key = prefix_key(_prompt_head(doc, self.prefix_chars), self.prefix_chars)
         return await self.route(request, path, body, doc, model, stream, key)
 
     def _deadline(self, doc: dict[str, Any], stream: bool) -> float:
@@ -142,6 +147,12 @@ class Forwarder:
         start = now
         while len(tried) < self.max_attempts:
             verdict = gw.pick(model, tried, session_key)
+            if verdict is None and not tried and gw.fleet.routable(model):
+                # Backends exist but every one is at its concurrency limit: wait in the
+                # bounded queue rather than bury a survivor (R24, R25).
+                verdict = await gw.wait_for_capacity(model, session_key, self.queue_timeout)
+                if verdict is None:
+                    return _overloaded(model)
             if verdict is None:
                 break
             if tried:
@@ -292,6 +303,32 @@ def _response_headers(resp: aiohttp.ClientResponse, name: str, attempts: int) ->
         if v is not None:
             h[k] = v
     return h
+
+
+def _prompt_head(doc: dict[str, Any], k: int) -> str:
+    """The first k characters of the prompt (system prompt + first turn) for prefix affinity."""
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        return prompt[:k]
+    parts: list[str] = []
+    n = 0
+    for m in doc.get("messages") or ():
+        c = m.get("content") if isinstance(m, dict) else None
+        if isinstance(c, str):
+            parts.append(c)
+            n += len(c)
+            if n >= k:
+                break
+    return "".join(parts)[:k]
+
+
+def _overloaded(model: str) -> web.Response:
+    return error_response(
+        503,
+        f"every backend for model '{model}' is at its concurrency limit; retry shortly",
+        "overloaded",
+        {"retry-after": "1", "x-pulsegate-attempts": "0"},
+    )
 
 
 def _too_large(limit: int) -> web.Response:
