@@ -23,7 +23,7 @@ from pulsegate import clock
 from pulsegate.balancer import prefix_key
 from pulsegate.health.observations import Outcome, RequestResult
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
-from pulsegate.proxy.errors import error_response
+from pulsegate.proxy.errors import error_body, error_response
 from pulsegate.proxy.relay import Relay
 
 if TYPE_CHECKING:
@@ -284,8 +284,8 @@ class Forwarder:
             resp.release()
         self.gw.report(backend.name, RequestResult(outcome, clock.monotonic() - t0, status))
         if outcome is Outcome.CLIENT_ERROR:
-            headers = {"content-type": resp.headers.get("content-type", "application/json")}
-            headers["x-pulsegate-backend"] = backend.name
+            status, data = normalize_error(status, data)
+            headers = {"content-type": "application/json", "x-pulsegate-backend": backend.name}
             return Failure(
                 outcome,
                 status,
@@ -303,6 +303,26 @@ def _response_headers(resp: aiohttp.ClientResponse, name: str, attempts: int) ->
         if v is not None:
             h[k] = v
     return h
+
+
+def normalize_error(status: int, body: bytes) -> tuple[int, bytes]:
+    """A backend's 4xx in OpenAI's shape: an `{"error": {...}}` body passes unchanged;
+    FastAPI's `{"detail": ...}` or plain text is wrapped; 422 (FastAPI validation) is 400."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+        return status, body
+    if isinstance(doc, dict) and "detail" in doc:
+        detail = doc["detail"]
+        message = detail if isinstance(detail, str) else orjson.dumps(detail).decode()
+    else:
+        message = body.decode("utf-8", "replace").strip()[:500] or f"HTTP {status}"
+    if status == 422:
+        status = 400
+    code = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
+    return status, error_body(status, message, code.get(status, "upstream_client_error"))
 
 
 def _prompt_head(doc: dict[str, Any], k: int) -> str:

@@ -109,6 +109,7 @@ class Relay:
         self.session_key = session_key
         so = doc.get("stream_options")
         self.include_usage = isinstance(so, dict) and so.get("include_usage") is True
+        self.continuous_usage = isinstance(so, dict) and so.get("continuous_usage_stats") is True
         cfg = self.gw.config.streaming
         self.resume_enabled = cfg.resume
         self.max_resumes = cfg.max_resumes
@@ -224,7 +225,10 @@ class Relay:
                             await out.write(b)
                     else:
                         track(state, obj)
-                        await out.write(ev.raw)
+                        if obj.get("usage") is not None and not self.continuous_usage:
+                            await self._write_usage_openai_way(out, obj, ev.raw)
+                        else:
+                            await out.write(ev.raw)
                 try:
                     chunk = await resp.content.readany()
                 except (aiohttp.ClientError, OSError) as e:
@@ -241,6 +245,23 @@ class Relay:
         finally:
             watch.stop()
             gw.unwatch_stream(backend.name, watch)
+
+    async def _write_usage_openai_way(
+        self, out: web.StreamResponse, obj: dict[str, Any], raw: bytes
+    ) -> None:
+        """`usage` only when asked, in its own chunk with `choices: []` (OpenAI, vLLM).
+        Some engines (transformers serve) always put it on the last content chunk."""
+        usage = obj["usage"]
+        if not obj.get("choices"):
+            if self.include_usage:
+                await out.write(raw)  # already the OpenAI way
+            return
+        del obj["usage"]
+        await out.write(b"data: " + orjson.dumps(obj) + b"\n\n")
+        if self.include_usage:
+            extra = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
+            await out.write(b"data: " + orjson.dumps({**extra, "choices": [], "usage": usage}))
+            await out.write(b"\n\n")
 
     async def _end_with_error(self, message: str) -> None:
         out = self._out
