@@ -1,0 +1,271 @@
+"""The node agent: a grpc.aio server for the heartbeat stream beside one engine (R1-R4, R27).
+
+`pulsegate agent --engine URL --listen HOST:PORT [--gpu ...] [--model M]` runs `run_agent`.
+Per stream, the agent reads pings and answers each at once from the `EngineWatcher`'s
+snapshot (a copy of a prebuilt `Pong`, three fields set: microseconds). A MICRO_INFERENCE
+ping starts a task that runs a one-token completion on the local engine; its pong is
+written when the engine answers, while pings keep being answered. Writes on one stream are
+serialised by a lock (gRPC allows one outstanding write per call).
+
+The standard ``grpc.health.v1.Health`` service (from grpcio-health-checking) reports ``""``
+and ``pulsegate.agent.v1.Heartbeat`` SERVING while the agent runs, and ``engine`` SERVING
+or NOT_SERVING from the engine's ``/health``. On SIGTERM or SIGINT the agent flips every
+service to NOT_SERVING, stops accepting streams, lets open ones finish within a short grace
+period, and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+import aiohttp
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from pulsegate import clock
+from pulsegate.agent.engine import EngineWatcher, MicroOutcome, Snapshot
+from pulsegate.agent.gpu import GpuChoice, NvmlUnavailable, parse_gpu_option
+from pulsegate.agent.wire import SERVICE_NAME, add_heartbeat_service, fill_facts, pb, pb_grpc
+from pulsegate.probers.http import new_probe_session
+
+log = logging.getLogger("pulsegate.agent")
+
+ENGINE_HEALTH_SERVICE = "engine"
+DEFAULT_MICRO_TIMEOUT_S = 2.0
+_SHUTDOWN_GRACE_S = 0.5
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class HeartbeatService(pb_grpc.HeartbeatServicer):
+    """Answers pings from the watcher's snapshot; runs micro-inferences in tasks."""
+
+    def __init__(self, watcher: EngineWatcher, clock_s: Callable[[], float]) -> None:
+        self._watcher = watcher
+        self._clock = clock_s
+        self._template = pb.Pong()
+        self._template_version = -1
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _pong(self, ping: pb.Ping, snap: Snapshot) -> pb.Pong:
+        if snap.version != self._template_version:
+            t = pb.Pong()
+            fill_facts(t, snap.facts)
+            t.gpu_source = snap.gpu_source
+            if snap.ready is not None:
+                t.engine_ready = snap.ready
+            t.engine_status = snap.status
+            t.engine_unreachable = not snap.reachable and snap.ready is not None
+            t.engine_dialect = snap.dialect
+            t.facts_version = snap.version
+            self._template, self._template_version = t, snap.version
+        pong = pb.Pong()
+        pong.CopyFrom(self._template)
+        pong.seq = ping.seq
+        pong.echo_send_ns = ping.send_ns
+        pong.kind = ping.kind
+        pong.facts_age_ms = min(0xFFFFFFFF, max(0, int((self._clock() - snap.taken_at) * 1e3)))
+        return pong
+
+    async def Stream(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        lock = asyncio.Lock()
+        mine: set[asyncio.Task[None]] = set()
+        peer = context.peer()
+        log.info("agent: heartbeat stream opened by %s", peer)
+        try:
+            while True:
+                ping = await context.read()
+                if ping is grpc.aio.EOF:
+                    break
+                t0 = time.perf_counter_ns()
+                if ping.kind == pb.Ping.MICRO_INFERENCE:
+                    task = asyncio.create_task(self._micro(ping, context, lock))
+                    mine.add(task)
+                    self._tasks.add(task)
+                    task.add_done_callback(mine.discard)
+                    task.add_done_callback(self._tasks.discard)
+                    continue
+                pong = self._pong(ping, self._watcher.snapshot)
+                pong.agent_processing_ns = time.perf_counter_ns() - t0
+                async with lock:
+                    await context.write(pong)
+        finally:
+            for task in mine:
+                task.cancel()
+            log.info("agent: heartbeat stream from %s closed", peer)
+
+    async def _micro(
+        self, ping: pb.Ping, context: grpc.aio.ServicerContext, lock: asyncio.Lock
+    ) -> None:
+        t0 = time.perf_counter_ns()
+        timeout = ping.timeout_ms / 1e3 if ping.timeout_ms else DEFAULT_MICRO_TIMEOUT_S
+        try:
+            out = await self._watcher.micro(timeout)
+        except Exception as e:  # our bug, not the engine's: say so rather than go silent
+            log.exception("agent: micro-inference failed")
+            out = MicroOutcome(False, None, f"agent error: {type(e).__name__}")
+        pong = self._pong(ping, self._watcher.snapshot)
+        pong.ok = out.ok
+        pong.busy = out.busy
+        pong.error = out.error
+        if out.latency_s is not None:
+            pong.latency_ms = out.latency_s * 1e3
+        pong.agent_processing_ns = time.perf_counter_ns() - t0
+        try:
+            async with lock:
+                await context.write(pong)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            pass  # the stream ended while the engine answered: nobody to tell
+
+
+class Agent:
+    """The agent as a component: `await start()` binds and serves, `await stop()` shuts down
+    gracefully. Usable in-process (tests, benchmarks) as well as from `run_agent`."""
+
+    def __init__(
+        self,
+        engine: str,
+        listen: str,
+        gpu: str | GpuChoice = "auto",
+        model: str | None = None,
+        *,
+        refresh: float = 0.15,
+    ) -> None:
+        if not engine.startswith(("http://", "https://")):
+            raise ValueError(f"--engine must start with http:// or https://: {engine!r}")
+        self.engine = engine.rstrip("/").removesuffix("/v1")
+        self.listen = listen
+        self.gpu = gpu if isinstance(gpu, GpuChoice) else parse_gpu_option(gpu)
+        self.model = model
+        self.refresh = refresh
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._health: HealthServicer | None = None
+        self._watcher: EngineWatcher | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0]
+
+    @property
+    def watcher(self) -> EngineWatcher:
+        assert self._watcher is not None, "agent not started"
+        return self._watcher
+
+    async def start(self) -> int:
+        """Take a first snapshot, bind, serve; returns the bound port."""
+        session = self._session = new_probe_session()
+        self._watcher = EngineWatcher(
+            self.engine,
+            self.gpu,
+            self.model,
+            refresh=self.refresh,
+            clock=clock.monotonic,
+            session=session,
+        )
+        self._health = HealthServicer()
+        self._watcher.on_change(self._engine_changed)
+        try:
+            await self._watcher.start()
+        except BaseException:
+            await session.close()
+            raise
+        server = grpc.aio.server(
+            options=[
+                # One agent per port: a second one must fail to bind, not share it.
+                ("grpc.so_reuseport", 0),
+                # Gateways may send HTTP/2 keepalive pings on an idle-looking stream.
+                ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ]
+        )
+        add_heartbeat_service(HeartbeatService(self._watcher, clock.monotonic), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        try:
+            port: int = server.add_insecure_port(self.listen)
+        except RuntimeError as e:
+            await self._close_sources()
+            raise OSError(f"cannot listen on {self.listen}: {e}") from e
+        if port == 0:
+            await self._close_sources()
+            raise OSError(f"cannot listen on {self.listen}")
+        await server.start()
+        self._server, self.port = server, port
+        await self._health.set("", _SERVING)
+        await self._health.set(SERVICE_NAME, _SERVING)
+        await self._set_engine_health(self._watcher.snapshot)
+        log.info(
+            "agent: engine %s, GPU figures from %s", self.engine, self._watcher.gpu_description
+        )
+        return port
+
+    def _engine_changed(self, snap: Snapshot) -> None:
+        task = asyncio.create_task(self._set_engine_health(snap))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _set_engine_health(self, snap: Snapshot) -> None:
+        if self._health is not None:
+            await self._health.set(ENGINE_HEALTH_SERVICE, _SERVING if snap.ready else _NOT_SERVING)
+
+    async def stop(self, grace: float = _SHUTDOWN_GRACE_S) -> None:
+        """NOT_SERVING everywhere, refuse new streams, give open ones `grace` s, release all."""
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        await self._close_sources()
+
+    async def _close_sources(self) -> None:
+        if self._watcher is not None:
+            await self._watcher.stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def run_agent(engine: str, listen: str, gpu: str = "auto", model: str | None = None) -> int:
+    """Serve until SIGINT or SIGTERM; prints ``agent listening on HOST:PORT`` once serving.
+    Exit status 0 after a clean stop, 2 for bad options, 1 when it cannot start."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        agent = Agent(engine, listen, gpu, model)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        rc: int = asyncio.run(_serve(agent))
+        return rc
+    except (NvmlUnavailable, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+async def _serve(agent: Agent) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    port = await agent.start()
+    print(f"agent listening on {agent.host}:{port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        log.info("agent: shutting down")
+        with contextlib.suppress(Exception):
+            await agent.stop()
+    return 0
