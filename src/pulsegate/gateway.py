@@ -100,7 +100,7 @@ class Gateway:
         self.events = EventLog(alert=self._alert)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.prober: Any = None
-        self.heartbeats: list[Any] = []
+        self.heartbeats: dict[str, Any] = {}
         self._build_metrics()
 
     # -- metrics ----------------------------------------------------------------------------
@@ -418,34 +418,40 @@ class Gateway:
     def _start_probers(self) -> None:
         from pulsegate.probers import Prober
 
-        assert self.session is not None
-        agents = {b.name for b in self.config.backends if b.agent}
+        cfg = self.config
+        if any(b.agent for b in cfg.backends):
+            from pulsegate.probers.heartbeat import HeartbeatClient
+
+            for b in cfg.backends:
+                if b.agent:
+                    hb = HeartbeatClient(
+                        b.name,
+                        b.agent,
+                        cfg.probes.heartbeat,
+                        cfg.probes.micro_inference,
+                        emit=self.report,
+                        rng=self.rng,
+                    )
+                    self.heartbeats[b.name] = hb
+                    self._spawn(hb.run(), f"heartbeat-{b.name}")
+
+        def micro_via_agent(name: str) -> bool:
+            # While the agent's stream is up, micro-inference travels inside it; when it is
+            # down the HTTP prober takes over, so the engine is still proven end to end.
+            hb = self.heartbeats.get(name)
+            return hb is not None and bool(hb.connected)
+
         self.prober = Prober(
-            self.config.backends,
-            self.config.probes,
+            cfg.backends,
+            cfg.probes,
             self.session,
             emit=self.report,
             unstable=self.fleet.unstable,
             set_models=self.set_models,
             rng=self.rng,
-            micro_via_agent=lambda name: name in agents,
+            micro_via_agent=micro_via_agent,
         )
         self._spawn(self.prober.start(), "prober-start")
-        if agents:
-            from pulsegate.probers.heartbeat import HeartbeatClient
-
-            for b in self.config.backends:
-                if b.agent:
-                    hb = HeartbeatClient(
-                        b.name,
-                        b.agent,
-                        self.config.probes.heartbeat,
-                        self.config.probes.micro_inference,
-                        emit=self.report,
-                        rng=self.rng,
-                    )
-                    self.heartbeats.append(hb)
-                    self._spawn(hb.run(), f"heartbeat-{b.name}")
 
     async def _tick_loop(self) -> None:
         while True:
@@ -461,7 +467,7 @@ class Gateway:
             self._check_overdue(clock.monotonic())
 
     async def close(self) -> None:
-        for hb in self.heartbeats:
+        for hb in self.heartbeats.values():
             await hb.close()
         if self.prober is not None:
             await self.prober.close()
