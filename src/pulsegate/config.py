@@ -614,6 +614,13 @@ def parse_config(data: object) -> Config:
         alerts=_alerts(root.sub("alerts")),
     )
     root.finish()
+    if cfg.gateway.mode != "pulsegate":
+        for i, b in enumerate(cfg.backends):
+            if not b.models:
+                errors.append(
+                    f"backends[{i}].models: required when gateway.mode is {cfg.gateway.mode} "
+                    "(no probes discover models in a baseline mode)"
+                )
     if errors:
         raise ConfigError(errors)
     return cfg

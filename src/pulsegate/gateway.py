@@ -22,6 +22,7 @@ import aiohttp
 
 from pulsegate import clock
 from pulsegate.balancer import Balancer
+from pulsegate.baselines import Baseline, BaselineEvent
 from pulsegate.config import BackendConfig, Config
 from pulsegate.health.events import Transition
 from pulsegate.health.fleet import Fleet
@@ -84,6 +85,10 @@ class Gateway:
             require_micro_for_ready=micro_enabled,
         )
         self.balancer = Balancer(config.routing, self.rng)
+        # The chaos lab's simpler gateways (gateway.mode): same proxy, other verdicts.
+        self.baseline = (
+            Baseline(config.gateway.mode, config) if config.gateway.mode != "pulsegate" else None
+        )
         self.budget = RetryBudget(config.retry.budget_ratio, config.retry.budget_min_per_s, now)
         self.backends = {b.name: _runtime(b) for b in config.backends}
         self.inflight: dict[str, int] = {b.name: 0 for b in config.backends}
@@ -238,6 +243,8 @@ class Gateway:
     # -- routing ----------------------------------------------------------------------------
 
     def pick(self, model: str, tried: Sequence[str], session_key: str | None) -> Verdict | None:
+        if self.baseline is not None:
+            return self.baseline.pick(model, tried)
         return self.balancer.pick(self.fleet.routable(model), self.inflight, tried, session_key)
 
     def report(self, name: str, obs: Observation) -> None:
@@ -246,6 +253,9 @@ class Gateway:
             self.m_probe.observe(obs.latency_s, (name, obs.kind.value))
         elif type(obs) is Heartbeat and obs.rtt_s is not None:
             self.m_rtt.observe(obs.rtt_s, (name,))
+        if self.baseline is not None:
+            self._baseline_events(self.baseline.observe(name, obs, clock.monotonic()))
+            return
         transitions = self.fleet.observe(name, obs, clock.monotonic())
         if transitions:
             self.on_transitions(transitions)
@@ -272,6 +282,28 @@ class Gateway:
                 {"ejected": p.ejected, "total": p.total},
                 "panic",
             )
+
+    def _baseline_events(self, events: Iterable[BaselineEvent]) -> None:
+        for e in events:
+            if e.to_state == "ejected":
+                self.m_ejections.inc((e.backend, e.cause))
+            self.events.record(e.backend, e.from_state, e.to_state, e.reason, None, e.cause)
+
+    async def _poll_loop(self, name: str) -> None:
+        """Baseline `polling`: GET /health on a fixed interval, nothing else."""
+        assert self.baseline is not None
+        rd = self.config.probes.readiness
+        url = self.backends[name].url + "/health"
+        timeout = aiohttp.ClientTimeout(total=rd.timeout)
+        while True:
+            try:
+                async with self.session.get(url, timeout=timeout) as r:
+                    await r.read()
+                    ok, why = r.status == 200, f"HTTP {r.status}"
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                ok, why = False, type(e).__name__
+            self._baseline_events(self.baseline.poll(name, ok, why))
+            await asyncio.sleep(rd.interval)
 
     def _alert(self, alert: dict[str, Any]) -> None:
         if self.alerts is not None:
@@ -411,7 +443,11 @@ class Gateway:
             cfg.alerts.webhook, self.session, cfg.alerts.timeout, cfg.alerts.retries, self.rng
         )
         self.alerts.start()
-        self._start_probers()
+        if self.baseline is None:
+            self._start_probers()
+        elif self.baseline.mode == "polling":
+            for name in self.backends:
+                self._spawn(self._poll_loop(name), f"poll-{name}")
         self._spawn(self._tick_loop(), "health-tick")
         self._spawn(self._watch_loop(), "first-byte-watch")
 
@@ -456,6 +492,9 @@ class Gateway:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(TICK_INTERVAL_S)
+            if self.baseline is not None:
+                self._baseline_events(self.baseline.tick(clock.monotonic()))
+                continue
             transitions = self.fleet.tick(clock.monotonic())
             if transitions:
                 self.on_transitions(transitions)
@@ -493,4 +532,9 @@ class Gateway:
             "inflight": self.inflight.get(name, 0),
         }
         view.update(s)
+        if self.baseline is not None:
+            state = self.baseline.state(name)
+            view.update(
+                state=state, weight=0.0 if state == "ejected" else 1.0, mode=self.baseline.mode
+            )
         return view
