@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -284,8 +285,15 @@ async def _run(
         if not watch:
             print(screen, file=out)
             return 0
+        # Ctrl-C / SIGTERM end the watch quietly with status 0: handled on the loop itself
+        # rather than through KeyboardInterrupt, which can land mid-request.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
         shown = 0
-        while True:
+        while not stop.is_set():
             width = shutil.get_terminal_size((160, 24)).columns if out.isatty() else 10_000
             clear = "\x1b[H\x1b[2J" if out.isatty() else ""
             stamp = time.strftime("%H:%M:%S", time.localtime(wall()))
@@ -294,13 +302,19 @@ async def _run(
             shown += 1
             if stop_after is not None and shown >= stop_after:
                 return 0
-            await asyncio.sleep(WATCH_INTERVAL_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(WATCH_INTERVAL_S):
+                    await stop.wait()
+            if stop.is_set():
+                break
             try:
                 snap = await fetch(session, base)
                 screen = render(base, snap, wall(), colour, width)
             except StatusError as e:
                 # Keep the last table on screen and say the gateway stopped answering.
                 screen = render(base, snap, wall(), colour, width) + f"\n!! {e}; retrying"
+        out.write("\n")
+        return 0
 
 
 def run_status(
