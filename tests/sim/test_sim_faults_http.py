@@ -187,11 +187,12 @@ def test_oom_zeroes_free_vram_and_fails_requests(sim: SimProc) -> None:
 
 def test_warming_ends_by_itself(sim: SimProc) -> None:
     """`warming`: /health 503, no models, inference 503; ready again after `seconds`."""
-    sim.fault("warming", seconds=0.5)
+    # 3 s: long enough that the three checks below land inside it on a loaded machine.
+    sim.fault("warming", seconds=3)
     assert httpx.get(f"{sim.url}/health", timeout=5).status_code == 503
     assert httpx.get(f"{sim.url}/v1/models", timeout=5).json()["data"] == []
     assert _post(sim, {"prompt": "x"}).status_code == 503
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15
     while httpx.get(f"{sim.url}/health", timeout=5).status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.05)

@@ -591,7 +591,7 @@ class BackendHealth:
         self._publish()
 
     def _check_pickable(self, now: float) -> None:
-        gf = self.signals.gpu_free(now)
+        gf = self.signals.memory_free(now)
         pickable = gf is None or gf >= GPU_FREE_MIN
         if pickable != self._pickable:
             self._pickable = pickable

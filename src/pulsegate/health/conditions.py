@@ -60,9 +60,9 @@ def rejoin_blocker(
         return "no probe succeeded since the ejection"
     if require_micro and not micro_ok_since_eject:
         return "no micro-inference succeeded since the ejection"
-    gf = s.gpu_free(now)
+    gf = s.memory_free(now)
     if gf is not None and gf < GPU_FREE_MIN:
-        return "VRAM under 5% free"
+        return "memory (KV cache or VRAM) under 5% free"
     return None
 
 
@@ -79,8 +79,10 @@ def degrade_reasons(
     line = degrade_line(health)
     if score is not None and score < line:
         out.append(f"score {score:.0f} < {line:g} ({describe(inputs)})")
+    # inputs.gpu_free is the memory headroom: 1 - KV usage when the engine reports its KV
+    # cache (then the KV rule below judges memory), else free VRAM (R24's 90%-used rule).
     gf = inputs.gpu_free
-    if gf is not None and gf < DEGRADE_GPU_FREE:
+    if kv_cache is None and gf is not None and gf < DEGRADE_GPU_FREE:
         out.append(f"VRAM {(1.0 - gf) * 100:.0f}% used")
     if kv_cache is not None and kv_cache > DEGRADE_KV:
         out.append(f"KV cache {kv_cache * 100:.0f}% full")
@@ -94,7 +96,7 @@ def recovered(
     gf = inputs.gpu_free
     return (
         (score is None or score >= degrade_line(health) + RECOVER_MARGIN)
-        and (gf is None or gf >= RECOVER_GPU_FREE)
+        and (kv_cache is not None or gf is None or gf >= RECOVER_GPU_FREE)
         and (kv_cache is None or kv_cache <= RECOVER_KV)
     )
 
@@ -109,5 +111,5 @@ def describe(inputs: ScoreInputs) -> str:
     if inputs.queue_ratio is not None:
         parts.append(f"queue {inputs.queue_ratio:.1f}x capacity")
     if inputs.gpu_free is not None:
-        parts.append(f"VRAM {inputs.gpu_free * 100:.0f}% free")
+        parts.append(f"memory {inputs.gpu_free * 100:.0f}% free")
     return ", ".join(parts) or "no signals"

@@ -283,6 +283,18 @@ class Signals:
         """Free framebuffer memory ratio 0..1, None if unknown or stale."""
         return self.gpu_free_ratio.fresh(now)
 
+    def memory_free(self, now: float) -> float | None:
+        """Memory headroom 0..1 for decisions (score, degraded, never-pick under 5%).
+
+        vLLM, SGLang and TGI reserve most of the GPU at start (vLLM: 90%), so free
+        framebuffer memory is flat and says nothing there; the KV cache is where their
+        memory fills up. So: 1 - KV-cache usage when the engine reports it, else free VRAM.
+        """
+        kv = self.kv_cache.fresh(now)
+        if kv is not None:
+            return max(0.0, 1.0 - kv)
+        return self.gpu_free(now)
+
     def kv_cache_usage(self, now: float) -> float | None:
         """KV-cache usage 0..1, None if unknown or stale."""
         return self.kv_cache.fresh(now)
@@ -297,7 +309,7 @@ class Signals:
             latency_ratio=self.latency_ratio(now),
             error_rate=self.error_rate(now),
             queue_ratio=self.queue_ratio(now),
-            gpu_free=self.gpu_free(now),
+            gpu_free=self.memory_free(now),
         )
 
     def learn(self, now: float) -> None:
@@ -319,6 +331,7 @@ class Signals:
             "queue_ratio": _round(self.queue_ratio(now), 3),
             "running": self.running.fresh(now),
             "gpu_free": _round(self.gpu_free(now), 4),
+            "memory_free": _round(self.memory_free(now), 4),
             "gpu_used_mb": self.gpu_used_mb.fresh(now),
             "gpu_total_mb": self.gpu_total_mb.fresh(now),
             "gpu_temp_c": self.gpu_temp_c.fresh(now),

@@ -45,6 +45,7 @@ def read_gpu(
     temp = IDLE_TEMP_C + (FULL_LOAD_TEMP_C - IDLE_TEMP_C) * util / 100.0
     if oom:
         used = total_mb  # the allocator has nothing left: what a leak or fragmentation shows
+        kv_usage = 1.0  # and no KV block can be had either
     return GpuReading(
         fb_used_mb=round(used),
         fb_free_mb=round(max(0.0, total_mb - used)),
