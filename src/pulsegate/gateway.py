@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import os
@@ -95,6 +96,7 @@ class Gateway:
         self._waiting: dict[str, dict[int, float]] = {b.name: {} for b in config.backends}
         self._overdue_reported: dict[str, float] = {}
         self._streams: dict[str, set[Watchdog]] = {b.name: set() for b in config.backends}
+        self._pending: dict[str, set[asyncio.Timeout]] = {b.name: set() for b in config.backends}
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._below_min: set[str] = set()
         self.shutting_down = False
@@ -270,6 +272,7 @@ class Gateway:
                 self.m_ejections.inc((t.backend, t.cause))
                 for w in list(self._streams.get(t.backend, ())):
                     w.tighten(EJECTED_STALL_S, f"backend ejected ({t.cause})")
+                self._cut_pending(t.backend)
             self.events.record(t.backend, t.from_state.value, to, t.reason, t.signals, t.cause)
             if self.prober is not None:
                 self.prober.poke(t.backend)
@@ -378,6 +381,20 @@ class Gateway:
 
     def unwatch_stream(self, name: str, watch: Watchdog) -> None:
         self._streams[name].discard(watch)
+
+    def watch_pending(self, name: str, cm: asyncio.Timeout) -> None:
+        self._pending[name].add(cm)
+
+    def unwatch_pending(self, name: str, cm: asyncio.Timeout) -> None:
+        self._pending[name].discard(cm)
+
+    def _cut_pending(self, name: str) -> None:
+        """The backend was ejected: attempts still waiting for its first byte give up now
+        and move to another backend (the client has received nothing yet)."""
+        now = asyncio.get_running_loop().time()
+        for cm in list(self._pending.get(name, ())):
+            with contextlib.suppress(RuntimeError):  # already expiring or done
+                cm.reschedule(now)
 
     def end_streams(self, reason: str) -> int:
         """Cut every live upstream stream (graceful shutdown past its grace period)."""

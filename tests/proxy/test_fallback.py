@@ -122,3 +122,29 @@ def test_ejected_backend_gets_no_client_traffic(
     assert bad.stats()["client_requests_total"] == before
     events = [e for e in gw.events() if e["backend"] == "c" and e["to"] == "ejected"]
     assert events and events[-1]["reason"]
+
+
+def test_ejection_cuts_attempts_waiting_for_a_first_byte(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """A request hung on a backend moves on as soon as that backend is ejected, long before
+    its per-try timeout."""
+    import concurrent.futures
+
+    sims = [start_sim(n) for n in ("a", "b")]
+    gw = start_gateway(
+        {
+            "backends": [backend_entry(s) for s in sims],
+            "probes": SLOW_PROBES,
+            "retry": {"per_try_timeout": "30s", "per_token_timeout": "0s"},
+        }
+    )
+    gw.wait_all_ready()
+    home_b = next(k for k in (f"s{i}" for i in range(500)) if _run(gw, 1, k)[0][0] == "b")
+    sims[1].fault("hang")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(_run, gw, 1, home_b)
+        wait_until(lambda: gw.backends()["b"]["inflight"] == 1, timeout=10, what="hung on b")
+        httpx.post(f"{gw.url}/admin/backends/b/eject", timeout=5).raise_for_status()
+        ((backend, attempts),) = fut.result(timeout=10)  # far below the 30 s per-try timeout
+    assert (backend, attempts) == ("a", 2)

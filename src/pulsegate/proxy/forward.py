@@ -220,7 +220,10 @@ class Forwarder:
         got_headers = False
         resp: aiohttp.ClientResponse | None = None
         try:
-            async with asyncio.timeout(deadline):
+            async with asyncio.timeout(deadline) as cm:
+                # Registered so an ejection of this backend cuts the wait at once: nothing
+                # has reached the client yet, so the request just moves on.
+                gw.watch_pending(name, cm)
                 resp = await gw.session.post(backend.url + path, data=body, headers=backend.headers)
                 got_headers = True
                 if resp.status >= 400:
@@ -237,6 +240,7 @@ class Forwarder:
             gw.report(name, RequestResult(outcome, None, None))
             return Failure(outcome, None, f"{name}: {describe(e)}")
         finally:
+            gw.unwatch_pending(name, cm)
             if token is not None:
                 gw.first_byte_seen(name, token)
         ttft = clock.monotonic() - t0

@@ -293,7 +293,8 @@ class Sim:
                 abort_connection(request)
                 raise _Reset
             if due > now:
-                await sink.flush()
+                if i > 0:  # the role chunk waits for the first token, as vLLM sends it
+                    await sink.flush()
                 await asyncio.sleep(due - now)
             elif i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await sink.flush()
