@@ -36,6 +36,7 @@ def V(
     hit: float | None = None,
     cap: int = 0,
     panic: bool = False,
+    aw: float | None = None,
 ) -> Verdict:
     return Verdict(
         name=name,
@@ -49,6 +50,7 @@ def V(
         prefix_cache_hit_rate=hit,
         max_inflight=cap,
         panic=panic,
+        affinity_weight=weight if aw is None else aw,
     )
 
 
@@ -560,7 +562,11 @@ def test_pick_returns_an_eligible_candidate_in_the_best_tier_or_none(
             assert got is None
             continue
         assert got is not None and got in ok
-        assert tier(got) == min(tier(v) for v in ok)
+        # The tier is set by healthy candidates; panic ones join it if their tier is as good,
+        # and set it themselves only when no healthy candidate is eligible.
+        healthy = [v for v in ok if v.state in ROUTABLE]
+        best = min(tier(v) for v in (healthy or ok))
+        assert tier(got) <= best if got.state not in ROUTABLE else tier(got) == best
 
 
 @settings(max_examples=100, deadline=None)
@@ -607,3 +613,24 @@ def test_rtt_noise_does_not_concentrate_light_traffic() -> None:
     assert 0.45 < near["a"] < 0.55
     far = shares(balancer(), (V("a", rtt=0.015), V("b", rtt=0.045)), 4_000)
     assert far.get("b", 0.0) == 0.0
+
+
+def test_affinity_ignores_score_only_weight_changes() -> None:
+    """A score dip halves the effective weight but not the structural one: no session moves."""
+    before = homes(balancer(), (V("a"), V("b"), V("c")), KEYS)
+    after = homes(balancer(), (V("a", 0.4, aw=1.0), V("b"), V("c")), KEYS)
+    assert before == after
+
+
+def test_panic_candidates_never_starve_a_healthy_remote_backend() -> None:
+    """Local backends ejected (panic) and a healthy remote one: the healthy one is in the mix."""
+    bal = balancer(prefer_zone="z1")
+    cands = (
+        V("a", 0.3, State.EJECTED, zone="z1", panic=True),
+        V("b", 0.3, State.EJECTED, zone="z1", panic=True),
+        V("d", 1.0, zone="z2"),
+    )
+    got = shares(bal, cands, 3_000)
+    assert got.get("d", 0.0) > 0.5
+    only_panic = shares(balancer(prefer_zone="z1"), cands[:2], 100)
+    assert set(only_panic) == {"a", "b"}

@@ -159,15 +159,38 @@ class Balancer:
         if zone and not region:
             region = self._learn_region(candidates)
 
+        members, wmin, wmax = self._eligible(candidates, inflight, exclude, zone, region)
+        if len(members) <= 1:
+            return members[0] if members else None
+        if session_key:  # "" is no key: it would pin every keyless request to one backend
+            return self._affinity(members, inflight, session_key)
+        return self._p2c(members, inflight, wmin, wmax)
+
+    @staticmethod
+    def _eligible(
+        candidates: Sequence[Verdict],
+        inflight: Mapping[str, int],
+        exclude: Container[str],
+        zone: str,
+        region: str,
+    ) -> tuple[list[Verdict], float, float]:
+        """The eligible candidates of the best zone tier, with their min and max weight.
+
+        The tier is chosen by healthy candidates only: panic candidates (ejected but alive)
+        join it when their own tier is at least as good, and form a tier of their own only
+        when no healthy candidate is eligible, so a healthy remote backend is never starved
+        by sick local ones."""
         best_tier = 3
         members: list[Verdict] = []
+        panicked: list[tuple[int, Verdict]] = []
         wmin = wmax = 0.0
         for v in candidates:
             w = v.weight
             if not 0.0 < w < _INF:
                 continue
             state = v.state
-            if state not in ROUTABLE and not (v.panic and state in PANIC_ROUTABLE):
+            healthy = state in ROUTABLE
+            if not healthy and not (v.panic and state in PANIC_ROUTABLE):
                 continue
             g = v.gpu_free_ratio
             if g is not None and not g >= MIN_GPU_FREE:
@@ -184,6 +207,9 @@ class Balancer:
                 tier = 1
             else:
                 tier = 2
+            if not healthy:
+                panicked.append((tier, v))
+                continue
             if tier > best_tier:
                 continue
             if tier < best_tier:
@@ -195,12 +221,15 @@ class Balancer:
                 wmax = w
             elif w < wmin:
                 wmin = w
-
-        if len(members) <= 1:
-            return members[0] if members else None
-        if session_key:  # "" is no key: it would pin every keyless request to one backend
-            return self._affinity(members, inflight, session_key, wmin == wmax)
-        return self._p2c(members, inflight, wmin, wmax)
+        if panicked:
+            if not members:
+                best_tier = min(t for t, _ in panicked)
+                wmin = wmax = panicked[0][1].weight
+            for t, v in panicked:
+                if t <= best_tier:
+                    members.append(v)
+                    wmin, wmax = min(wmin, v.weight), max(wmax, v.weight)
+        return members, wmin, wmax
 
     # -----------------------------------------------------------------------------------------
 
@@ -255,10 +284,10 @@ class Balancer:
         # A near-tie on load: the warmer prefix cache and freer VRAM win (R24), else the draw.
         return b if _warmth(b) < _warmth(a) else a
 
-    def _affinity(
-        self, members: list[Verdict], inflight: Mapping[str, int], key: str, equal: bool
-    ) -> Verdict:
+    def _affinity(self, members: list[Verdict], inflight: Mapping[str, int], key: str) -> Verdict:
         key_hash = _digest64(key)
+        aw0 = members[0].affinity_weight
+        equal = all(v.affinity_weight == aw0 for v in members)
         log = math.log
         names = self._name_hash
         scores: list[float] = []
@@ -280,7 +309,7 @@ class Balancer:
             if equal:  # same weight everywhere: ordering by u alone equals -ln(u) / w
                 score = -u
             else:
-                wq = _octave(v.weight)
+                wq = _octave(v.affinity_weight)
                 score = -log(u) / wq
                 wq_sum += wq
             scores.append(score)
@@ -312,7 +341,7 @@ class Balancer:
 
 def _fits(v: Verdict, equal: bool, inflight: Mapping[str, int], budget: float) -> bool:
     """Bounded load: room for one more request within ceil((1 + eps) x weighted mean)."""
-    wq = 1.0 if equal else _octave(v.weight)
+    wq = 1.0 if equal else _octave(v.affinity_weight)
     return inflight.get(v.name, 0) + 1 <= math.ceil(budget * wq)
 
 

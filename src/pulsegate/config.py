@@ -145,7 +145,9 @@ class RoutingConfig:
     prefer_zone: str = ""
     prefer_region: str = ""
     # Bounded-load affinity: a backend above (1 + epsilon) x mean in-flight spills over.
-    affinity_epsilon: float = 0.25
+    # 1.0 (2x the mean) keeps >= 95% of a session's requests home at ~5 in flight per
+    # backend; 0.25 spills ~20% there (bench/routing.py, docs/routing.md).
+    affinity_epsilon: float = 1.0
     prefix_affinity_chars: int = 0
     queue_timeout: float = 2.0
     queue_max: int = 1024

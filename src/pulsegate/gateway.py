@@ -333,8 +333,19 @@ class Gateway:
                 fut.set_result(None)
                 return
 
+    def saturated(self, model: str, tried: Sequence[str]) -> bool:
+        """Some routable backend for `model`, not yet tried, is at its concurrency limit."""
+        if self.baseline is not None:
+            return False
+        inflight = self.inflight
+        for v in self.fleet.routable(model):
+            cap = v.max_inflight
+            if cap > 0 and v.name not in tried and inflight.get(v.name, 0) >= cap:
+                return True
+        return False
+
     async def wait_for_capacity(
-        self, model: str, session_key: str | None, within: float
+        self, model: str, session_key: str | None, within: float, tried: Sequence[str] = ()
     ) -> Verdict | None:
         """Wait (FIFO, bounded by routing.queue_max) until a backend for `model` has room,
         at most `within` seconds. None: the queue is full or the wait timed out."""
@@ -357,7 +368,7 @@ class Gateway:
             finally:
                 if not fut.done():
                     fut.cancel()
-            verdict = self.pick(model, (), session_key)
+            verdict = self.pick(model, tried, session_key)
             if verdict is not None:
                 return verdict
             if self._waiters:  # the slot went to another model's backend: pass the turn on

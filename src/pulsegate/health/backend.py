@@ -604,12 +604,13 @@ class BackendHealth:
 
     def _build_verdict(self) -> Verdict:
         w = 0.0
+        aw = self.config.weight
+        if self.state is State.PROBATION:
+            aw *= self.ramp
+        if self.suspect:
+            aw *= SUSPECT_FACTOR
         if self.state in ROUTABLE and self._pickable:
-            w = self._base_weight * self.config.weight
-            if self.state is State.PROBATION:
-                w *= self.ramp
-            if self.suspect:
-                w *= SUSPECT_FACTOR
+            w = self._base_weight * aw
         c = self.config
         return Verdict(
             name=self.name,
@@ -622,6 +623,7 @@ class BackendHealth:
             gpu_free_ratio=self._inputs.gpu_free,
             prefix_cache_hit_rate=self._prefix_hit,
             max_inflight=c.max_inflight,
+            affinity_weight=aw,
         )
 
     def _publish(self) -> None:

@@ -42,3 +42,7 @@ class Verdict:
     max_inflight: int = 0
     # True when only routable because the fleet is in panic mode.
     panic: bool = False
+    # The weight session affinity hashes on: configured weight x probation ramp x suspect
+    # factor, without the score. Score jitter must not move sessions; bounded load and
+    # ejection do that.
+    affinity_weight: float = 1.0

@@ -147,10 +147,10 @@ class Forwarder:
         start = now
         while len(tried) < self.max_attempts:
             verdict = gw.pick(model, tried, session_key)
-            if verdict is None and not tried and gw.fleet.routable(model):
-                # Backends exist but every one is at its concurrency limit: wait in the
-                # bounded queue rather than bury a survivor (R24, R25).
-                verdict = await gw.wait_for_capacity(model, session_key, self.queue_timeout)
+            if verdict is None and gw.saturated(model, tried):
+                # Backends not yet tried are only at their concurrency limit: wait in the
+                # bounded queue rather than bury a survivor (R24, R25), retries included.
+                verdict = await gw.wait_for_capacity(model, session_key, self.queue_timeout, tried)
                 if verdict is None:
                     return _overloaded(model)
             if verdict is None:
