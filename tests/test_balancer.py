@@ -391,7 +391,7 @@ def test_affinity_moves_only_when_home_leaves_or_overflows() -> None:
 
 def test_bounded_load_caps_every_backend_at_one_plus_epsilon_mean() -> None:
     """Every affinity pick lands where in-flight + 1 <= ceil(1.25 x (total + 1) / n)."""
-    bal = balancer()
+    bal = balancer(affinity_epsilon=0.25)
     rng = random.Random(5)
     inflight: Counter[str] = Counter()
     queue: deque[str] = deque()
@@ -562,11 +562,10 @@ def test_pick_returns_an_eligible_candidate_in_the_best_tier_or_none(
             assert got is None
             continue
         assert got is not None and got in ok
-        # The tier is set by healthy candidates; panic ones join it if their tier is as good,
-        # and set it themselves only when no healthy candidate is eligible.
+        # Panic candidates only when no healthy candidate is eligible; best tier within.
         healthy = [v for v in ok if v.state in ROUTABLE]
-        best = min(tier(v) for v in (healthy or ok))
-        assert tier(got) <= best if got.state not in ROUTABLE else tier(got) == best
+        assert (got.state in ROUTABLE) == bool(healthy)
+        assert tier(got) == min(tier(v) for v in (healthy or ok))
 
 
 @settings(max_examples=100, deadline=None)
@@ -631,6 +630,6 @@ def test_panic_candidates_never_starve_a_healthy_remote_backend() -> None:
         V("d", 1.0, zone="z2"),
     )
     got = shares(bal, cands, 3_000)
-    assert got.get("d", 0.0) > 0.5
+    assert got == {"d": 1.0}
     only_panic = shares(balancer(prefer_zone="z1"), cands[:2], 100)
     assert set(only_panic) == {"a", "b"}

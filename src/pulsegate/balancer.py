@@ -176,10 +176,10 @@ class Balancer:
     ) -> tuple[list[Verdict], float, float]:
         """The eligible candidates of the best zone tier, with their min and max weight.
 
-        The tier is chosen by healthy candidates only: panic candidates (ejected but alive)
-        join it when their own tier is at least as good, and form a tier of their own only
-        when no healthy candidate is eligible, so a healthy remote backend is never starved
-        by sick local ones."""
+        Panic candidates (ejected but alive) are used only when no healthy candidate anywhere
+        is eligible (all excluded, or at their max_inflight): a healthy remote backend is never
+        passed over for a sick local one, and survivors at their limits spill to the least bad
+        ejected ones rather than queue."""
         best_tier = 3
         members: list[Verdict] = []
         panicked: list[tuple[int, Verdict]] = []
@@ -221,12 +221,11 @@ class Balancer:
                 wmax = w
             elif w < wmin:
                 wmin = w
-        if panicked:
-            if not members:
-                best_tier = min(t for t, _ in panicked)
-                wmin = wmax = panicked[0][1].weight
+        if panicked and not members:
+            best_tier = min(t for t, _ in panicked)
+            wmin = wmax = panicked[0][1].weight
             for t, v in panicked:
-                if t <= best_tier:
+                if t == best_tier:
                     members.append(v)
                     wmin, wmax = min(wmin, v.weight), max(wmax, v.weight)
         return members, wmin, wmax
