@@ -334,6 +334,9 @@ def test_slow_backend_is_down_weighted_not_ejected(
         names="abc",
         sim_args=("--ttft-ms", "100", "--itl-ms", "5"),
         entry={n: {"metrics_path": "/metrics"} for n in "abc"},
+        # A 3x slowdown makes a 100 ms first token 300 ms: slow, not broken. The canary's
+        # hard timeout must sit above that, or the test measures a canary ejection instead.
+        probes={**fast_probes(), "canary": {"interval": "1s", "timeout": "900ms"}},
     )
     gw.wait_all_ready()
     # Baselines learned, and the canary's latency settled on prompt-cache hits (its first
