@@ -37,8 +37,9 @@ HEALTH: dict[str, Any] = {
 # A hung client attempt is abandoned after 0.5 s and retried on another backend.
 RETRY = {"per_try_timeout": "500ms", "per_token_timeout": "20ms"}
 FAST_SIM = ("--ttft-ms", "5", "--itl-ms", "1")
-# A request the gateway sent just before an ejection can reach the engine just after it.
-IN_FLIGHT_SLACK_S = 0.1
+# A request the gateway sent just before an ejection can reach the engine just after it; on a
+# loaded 2-core box the engine process may not run for a few hundred ms (seen: 0.1 s missed).
+IN_FLIGHT_SLACK_S = 0.5
 INFER_CAUSES = {"canary", "micro_inference"}
 
 
