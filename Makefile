@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install proto demo test lint fmt test-fast clean screenshot
+.PHONY: install proto demo test lint fmt test-fast clean screenshot bench bench-smoke
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,3 +53,13 @@ clean:
 
 screenshot: install
 	$(PY) scripts/screenshot.py
+
+# pulsegate beside a direct engine and nginx on loopback (docs/performance.md). Installs wrk
+# and nginx with apt-get when missing (root or sudo -n). ~4 min; bench/results/bench.json.
+BENCH_ARGS ?=
+bench: install
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+# CI: the same bench with 1 s phases, nothing asserted, so it never rots (~25 s).
+bench-smoke: install
+	$(PY) bench/run.py --smoke

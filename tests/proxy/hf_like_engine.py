@@ -30,8 +30,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     if body.get("model") != MODEL:
         return web.json_response({"detail": f"Server is pinned to {MODEL}"}, status=400)
-    if body.get("temperature") == 99:
-        return web.json_response({"detail": [{"msg": "temperature too high"}]}, status=422)
+    if "frobnicate" in body:
+        return web.json_response({"detail": [{"msg": "unknown field frobnicate"}]}, status=422)
     n = int(body.get("max_tokens") or 4)
     chat = request.path.endswith("chat/completions")
     rid = str(uuid.uuid4())

@@ -72,6 +72,8 @@ def test_fastapi_errors_become_openai_errors(gw: Gateway) -> None:
     c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError) as ei:
         c.chat.completions.create(
-            model="demo-7b", messages=[{"role": "user", "content": "x"}], temperature=99
+            model="demo-7b",
+            messages=[{"role": "user", "content": "x"}],
+            extra_body={"frobnicate": True},
         )
-    assert "temperature too high" in str(ei.value)
+    assert "unknown field frobnicate" in str(ei.value)

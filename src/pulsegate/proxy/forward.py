@@ -25,6 +25,8 @@ from pulsegate.health.observations import Outcome, RequestResult
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
 from pulsegate.proxy.errors import error_body, error_response
 from pulsegate.proxy.relay import Relay
+from pulsegate.proxy.stops import cut_answer, stop_strings
+from pulsegate.proxy.validate import invalid_field
 
 if TYPE_CHECKING:
     from pulsegate.gateway import BackendRuntime, Gateway
@@ -99,6 +101,9 @@ class Forwarder:
                 )
         elif "prompt" not in doc:
             return error_response(400, "'prompt' is required", "missing_prompt")
+        why = invalid_field(doc, path == CHAT)
+        if why is not None:
+            return error_response(400, why, "invalid_request")
         stream = doc.get("stream") is True
         key = request.headers.get("x-session-id")
         if key is None:
@@ -199,6 +204,9 @@ class Forwarder:
             resp, data, status = opened
             headers = _response_headers(resp, name, len(tried))
             if not stream:
+                stops = stop_strings(doc)
+                if stops and status == 200:
+                    data = cut_answer(data, stops)
                 gw.m_requests.inc((name, model, str(status)))
                 return web.Response(status=status, body=data, headers=headers)
             handed_off = True
@@ -227,6 +235,7 @@ class Forwarder:
                 resp = await gw.session.post(backend.url + path, data=body, headers=backend.headers)
                 got_headers = True
                 if resp.status >= 400:
+                    gw.unwatch_pending(name, cm)  # it reports (and may eject) itself
                     return await self._upstream_error(backend, resp, t0)
                 if stream:
                     data = await resp.content.readany()
@@ -237,6 +246,9 @@ class Forwarder:
             outcome = classify_exception(e, got_headers)
             if resp is not None:
                 resp.close()
+            # Unwatched before reporting: the report may eject this backend, and the cut of
+            # its pending attempts must not reach this one, which is already done.
+            gw.unwatch_pending(name, cm)
             gw.report(name, RequestResult(outcome, None, None))
             return Failure(outcome, None, f"{name}: {describe(e)}")
         finally:
@@ -261,8 +273,11 @@ class Forwarder:
         On success the backend is acquired (in flight) and the caller must release it."""
         gw = self.gw
         last: Failure | None = None
+        # `resume: none` says an engine cannot continue a stream (no continue_final_message):
+        # never a continuation target, whatever engine the stream broke on.
+        unable = [n for n, b in gw.backends.items() if b.resume == "none"]
         for _ in range(self.max_attempts):
-            verdict = gw.pick(model, tried, session_key)
+            verdict = gw.pick(model, [*tried, *unable], session_key)
             if verdict is None:
                 break
             backend = gw.backends[verdict.name]

@@ -18,7 +18,9 @@ from aiohttp import web
 from pulsegate.health.observations import Outcome, RequestResult
 from pulsegate.proxy.classify import describe
 from pulsegate.proxy.errors import sse_error_event
+from pulsegate.proxy.sse import Event as SSEEvent
 from pulsegate.proxy.sse import SSEParser
+from pulsegate.proxy.stops import StopFilter, stop_strings
 from pulsegate.proxy.stream import (
     StreamState,
     finish_chunk,
@@ -115,6 +117,8 @@ class Relay:
         self.max_resumes = cfg.max_resumes
         self.stall = cfg.stall_timeout
         self.state = StreamState()
+        stops = stop_strings(doc)
+        self.stops = StopFilter(stops) if stops else None
 
     async def run(
         self,
@@ -183,8 +187,6 @@ class Relay:
             return "stream resume is disabled"
         if resumes >= self.max_resumes:
             return f"already resumed {resumes} time(s)"
-        if backend.resume == "none":
-            return f"backend {backend.name} does not support resume"
         return resume_refusal(self.doc, self.state)
 
     async def _pump(
@@ -224,6 +226,14 @@ class Relay:
                         if b is not None:
                             await out.write(b)
                     else:
+                        if self.stops is not None:
+                            filtered = self.stops.feed(obj)
+                            if filtered is None:
+                                continue
+                            obj, ev = (
+                                filtered,
+                                SSEEvent(b"data: " + orjson.dumps(filtered) + b"\n\n", None),
+                            )
                         track(state, obj)
                         if obj.get("usage") is not None and not self.continuous_usage:
                             await self._write_usage_openai_way(out, obj, ev.raw)
