@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install proto demo test lint fmt test-fast clean screenshot bench bench-smoke test-engines
+.PHONY: install proto demo test lint fmt test-fast clean screenshot bench bench-smoke test-engines chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,13 +34,13 @@ demo: install
 	$(VENV)/bin/pulsegate demo
 
 lint: install
-	$(VENV)/bin/ruff check src tests bench scripts
-	$(VENV)/bin/ruff format --check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts chaos
+	$(VENV)/bin/ruff format --check src tests bench scripts chaos
 	$(VENV)/bin/mypy
 
 fmt: install
-	$(VENV)/bin/ruff format src tests bench scripts
-	$(VENV)/bin/ruff check --fix src tests bench scripts
+	$(VENV)/bin/ruff format src tests bench scripts chaos
+	$(VENV)/bin/ruff check --fix src tests bench scripts chaos
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -69,3 +69,10 @@ bench-smoke: install
 test-engines: install
 	$(PY) scripts/engines.py setup
 	PULSEGATE_ENGINES=1 $(PY) -m pytest tests/engines $(PYTEST_ARGS)
+
+# The chaos lab (root: network namespaces, iptables): every fault against pulsegate and the
+# three baseline modes, ~30 min; docs/chaos.md. CHAOS_ARGS=--quick for ~8 min.
+CHAOS_ARGS ?=
+chaos: install
+	$(PY) -m pip install -q fnfqueue  # the NFQUEUE delay line of the `delay` fault
+	$(PY) -m chaos.run $(CHAOS_ARGS)

@@ -1,0 +1,162 @@
+"""The lab's processes: engines and agents inside their namespaces, the gateway beside us.
+
+The pattern of tests/support.py (start with a known or zero port, read the `listening on`
+line, stop by PID: SIGCONT, SIGTERM, wait, SIGKILL), plus a network namespace to run in
+(`ip netns exec` execs, so the PID is the Python process itself) and a record of every
+root-namespace PID in the lab's state file, so `chaos.cleanup` can stop what a crashed run
+left. Processes inside a namespace need no record: cleanup kills `ip netns pids`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from chaos import netlab
+
+_URL = re.compile(rb"listening on (http://)?([\w.\-\[\]]+):(\d+)")
+
+
+class Proc:
+    """A pulsegate child process that announces `... listening on HOST:PORT` on stdout."""
+
+    def __init__(
+        self, args: list[str], log_path: Path, netns: str | None = None, start_timeout: float = 30
+    ) -> None:
+        self.args = args
+        self.netns = netns
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        prefix = ["ip", "netns", "exec", netns] if netns else []
+        self.popen = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "pulsegate", *args],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # a Ctrl-C on the lab must not reach the children first
+        )
+        self.pid = self.popen.pid
+        if netns is None:
+            netlab.record_pid(self.pid, args[0])
+        self.host, self.port = self._read_address(start_timeout)
+
+    def _read_address(self, timeout: float) -> tuple[str, int]:
+        assert self.popen.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.popen.stdout, selectors.EVENT_READ)
+        buf = b""
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    continue
+                chunk = os.read(self.popen.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buf += chunk
+                m = _URL.search(buf)
+                if m:
+                    return m.group(2).decode().strip("[]"), int(m.group(3))
+        finally:
+            sel.close()
+        self.stop()
+        tail = self.log_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{self.args[0]} did not start: stdout={buf!r} log={tail}")
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.signal(signal.SIGKILL)
+            self.popen.wait(timeout=5)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.popen.poll() is None:
+            try:
+                self.signal(signal.SIGCONT)
+                self.signal(signal.SIGTERM)
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+        self._log.close()
+        if self.netns is None:
+            netlab.forget_pid(self.pid)
+
+
+class Engine(Proc):
+    """`pulsegate sim` on the node's address, port 8000, inside the node's namespace."""
+
+    def __init__(self, node: netlab.Node, logdir: Path, name: str, *extra: str) -> None:
+        self.node = node
+        self.name = name
+        super().__init__(
+            ["sim", "--host", "0.0.0.0", "--port", str(netlab.ENGINE_PORT), "--name", name,
+             "--seed", str(node.index), *extra],
+            logdir / f"engine-{name}.log",
+            netns=node.ns,
+        )  # fmt: skip
+        self.url = node.engine_url
+
+    def fault(self, mode: str, **params: Any) -> None:
+        r = httpx.post(f"{self.url}/sim/fault", json={"mode": mode, **params}, timeout=5)
+        r.raise_for_status()
+
+    def arrivals(self, since: float) -> list[float]:
+        """Wall times at which client (non-probe) inference requests reached this engine."""
+        r = httpx.get(f"{self.url}/sim/requests", params={"since": since}, timeout=5)
+        return [a["t"] for a in r.json()["requests"]]
+
+
+class Agent(Proc):
+    """`pulsegate agent` beside the engine, in the same namespace; it reaches the engine over
+    the namespace's loopback, so a network fault on the node's link never reaches that hop."""
+
+    def __init__(self, node: netlab.Node, logdir: Path, name: str) -> None:
+        self.node = node
+        self.name = name
+        super().__init__(
+            ["agent", "--engine", f"http://127.0.0.1:{netlab.ENGINE_PORT}",
+             "--listen", f"0.0.0.0:{netlab.AGENT_PORT}", "--gpu", "engine"],
+            logdir / f"agent-{name}.log",
+            netns=node.ns,
+        )  # fmt: skip
+
+
+class Gateway(Proc):
+    """`pulsegate serve` in the root namespace on 127.0.0.1, port 0."""
+
+    def __init__(self, logdir: Path, config: dict[str, Any], tag: str) -> None:
+        config = {**config}
+        config["gateway"] = {**config.get("gateway", {}), "listen": "127.0.0.1:0"}
+        self.config_path = logdir / f"gateway-{tag}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        super().__init__(["serve", "-c", str(self.config_path)], logdir / f"gateway-{tag}.log")
+        self.url = f"http://{self.host}:{self.port}"
+
+    def backends(self) -> dict[str, dict[str, Any]]:
+        r = httpx.get(f"{self.url}/admin/backends", timeout=5)
+        r.raise_for_status()
+        return {b["name"]: b for b in r.json()["backends"]}
+
+    def events(self) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.url}/admin/events", params={"limit": 2000}, timeout=5)
+        r.raise_for_status()
+        return r.json()["events"]  # type: ignore[no-any-return]

@@ -1,0 +1,242 @@
+"""The results as Markdown: the seeds' headline table with our figures beside it, then one
+row per fault for pulsegate and one per fault for the baselines side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+MODE_NAMES = {
+    "pulsegate": "pulsegate",
+    "polling": "HTTP polling (5 s x 3)",
+    "passive": "passive outlier (5 x 5xx)",
+    "round_robin": "round-robin",
+}
+BASELINES = ("polling", "passive", "round_robin")
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:,.0f} ms" if x < 10 else f"{x:,.1f} s"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f} s"
+
+
+def _pct(r: dict[str, Any]) -> str:
+    n, e = r.get("requests_during_fault"), r.get("client_errors")
+    if not n:
+        return "-"
+    return f"{100 * e / n:.2f}% ({e}/{n})" if e else f"0 (0/{n})"
+
+
+def _det(r: dict[str, Any] | None, with_cause: bool = True) -> str:
+    if r is None or not r.get("ok"):
+        return "run failed" if r is not None else "-"
+    if not r.get("detected"):
+        return "never"
+    out = _ms(r["detection_s"])
+    return f"{out} ({r['detection_cause']})" if with_cause and r.get("detection_cause") else out
+
+
+def one_line(r: dict[str, Any]) -> str:
+    if not r.get("ok"):
+        return f"FAILED: {r.get('error')}"
+    return (
+        f"detect {_det(r)}, errors {_pct(r)}, p99 {_ms(r['p99_s'])}, "
+        f"sent after {r['sent_after_detection']}, back {_s(r['back_to_full_weight_s'])}"
+    )
+
+
+def _find(runs: Iterable[dict[str, Any]], fault: str, mode: str) -> dict[str, Any] | None:
+    for r in runs:
+        if r["fault"] == fault and r["mode"] == mode:
+            return r
+    return None
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    meta, runs = doc["meta"], doc["runs"]
+    modes = [m for m in meta["modes"]]
+    faults = list(meta["faults"])
+    lines = [
+        "# Chaos lab results",
+        "",
+        f"Run {meta['started']} at git `{meta['git']}`, kernel {meta['kernel']}, "
+        f"{meta['cpus']} CPUs, {meta['backends']} simulated engines with agents, "
+        f"{meta['rate_rps']:g} client requests/s (half streamed, half with 3-5 KB prompts), "
+        f"client timeout {meta['client_timeout_s']:g} s, took {meta['duration_s'] / 60:.1f} min"
+        f"{' (--quick)' if meta.get('quick') else ''}. "
+        "Method and definitions: [chaos.md](chaos.md). Every figure: chaos-results.json.",
+        "",
+    ]
+    lines += _headline(runs, modes)
+    lines += [
+        "",
+        "Every fault lands on the backend that answered most client requests in the 1.5 s "
+        "before it (`target`, `target_share_before_fault` in the JSON). Error rates count "
+        'requests sent during the fault; "within 1 s" also counts slow answers as failures; '
+        '"sent to it" is the share of those requests the gateway put on the wire to the faulty '
+        "node (round-robin: about 1/3).",
+    ]
+    if "pulsegate" in modes:
+        lines += ["", "## Per fault: pulsegate", ""]
+        lines += [
+            "| fault | detection (cause) | client errors | sent to it during fault "
+            "| sent after detection | p99 during fault | back to full weight |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for f in faults:
+            r = _find(runs, f, "pulsegate")
+            title = meta["faults"][f]["title"]
+            if r is None or not r.get("ok"):
+                lines.append(f"| {title} | {_det(r)} | - | - | - | - | - |")
+                continue
+            sent = r["sent_after_detection"]
+            back = _s(r["back_to_full_weight_s"]) if r["detected"] else "-"
+            lines.append(
+                f"| {title} | {_det(r)} | {_pct(r)} | {_sent(r)} | {'-' if sent is None else sent} "
+                f"| {_ms(r['p99_s'])} | {back} |"
+            )
+    others = [m for m in BASELINES if m in modes]
+    if others:
+        cols = ["pulsegate", *others] if "pulsegate" in modes else others
+        lines += ["", "## Per fault: pulsegate and the baselines (detection / errors / p99)", ""]
+        lines.append("| fault | " + " | ".join(MODE_NAMES[m] for m in cols) + " |")
+        lines.append("| --- |" + " --- |" * len(cols))
+        for f in faults:
+            cells = []
+            for m in cols:
+                r = _find(runs, f, m)
+                if r is None or not r.get("ok"):
+                    cells.append(_det(r))
+                    continue
+                cells.append(f"{_det(r, with_cause=False)} / {_pct(r)} / {_ms(r['p99_s'])}")
+            lines.append(f"| {meta['faults'][f]['title']} | " + " | ".join(cells) + " |")
+    if doc.get("heartbeat"):
+        lines += ["", *heartbeat_section(doc["heartbeat"])]
+    failed = [r for r in runs if not r.get("ok")]
+    if failed:
+        lines += ["", "## Runs that failed", ""]
+        lines += [f"- {r['fault']} / {r['mode']}: {r.get('error')}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def _headline(runs: list[dict[str, Any]], modes: list[str]) -> list[str]:
+    """The seeds' table, row for row, with the fault each row is measured on."""
+    cols = [m for m in ("pulsegate", "polling", "passive", "round_robin") if m in modes]
+    rows: list[tuple[str, str, str, str, Any]] = [
+        ("failure detection latency (hard failure)", "4,500 ms", "240 ms",
+         "engine_kill|link_down", lambda r: _det(r, with_cause=False)),
+        ("... engine frozen or hung, process and host alive (our addition)", "-", "-",
+         "engine_stop|hang", lambda r: _det(r, with_cause=False)),
+        ("end-to-end request error rate under node failure", "3.2%", "0.003%",
+         "engine_kill|link_down", _pct),
+        ("requests over 1 s / p99 while a node hangs (issue 10: <= 1 %, < 1 s)", "-", "-",
+         "hang|cuda_hang|engine_stop", _tail),
+        ("25% one-way packet loss on a node: detection", "never (HTTP probe green 10 min)",
+         "4.2 s", "loss_to|loss_from", lambda r: _det(r, with_cause=False)),
+        ("timeout error rate under that loss", "4.8%", "0.001%", "loss_to|loss_from",
+         lambda r: _timeouts(r)),
+        ("request success rate with a sub-healthy instance (within 1 s)", "~92%", ">= 99.5%",
+         "error|slow", _success),
+        ("mid-stream failure as seen by the user", "504 error", "< 1 s pause, stream continues",
+         "stall", _midstream),
+    ]  # fmt: skip
+    out = [
+        "## Headline (the seeds' table; our figures measured on the fault named)",
+        "",
+        "| what | seeds: before | seeds: result | fault | " + " | ".join(
+            MODE_NAMES[m] for m in cols) + " |",
+        "| --- | --- | --- | --- |" + " --- |" * len(cols),
+    ]  # fmt: skip
+    for what, before, seed, faults, fmt in rows:
+        keys = faults.split("|")
+        cells = []
+        for m in cols:
+            parts = []
+            for k in keys:
+                r = _find(runs, k, m)
+                if r is None:
+                    continue
+                v = fmt(r) if r.get("ok") else "run failed"
+                parts.append(f"{v}" if len(keys) == 1 else f"{k}: {v}")
+            cells.append("; ".join(parts) or "-")
+        head = f"| {what} | {before} | {seed} | {', '.join(keys)} | "
+        out.append(head + " | ".join(cells) + " |")
+    return out
+
+
+def _timeouts(r: dict[str, Any]) -> str:
+    n = r.get("requests_during_fault") or 0
+    t = r.get("timeouts", 0)
+    if not n:
+        return "-"
+    return f"{100 * t / n:.2f}% ({t}/{n})" if t else f"0 (0/{n})"
+
+
+def _success(r: dict[str, Any]) -> str:
+    n = r.get("requests_during_fault") or 0
+    if not n:
+        return "-"
+    ok = n - r.get("client_errors", 0)
+    fast = n - r.get("client_errors", 0) - r.get("slower_than_1s", 0)
+    return f"{100 * ok / n:.2f}% ({100 * max(0, fast) / n:.1f}%; sent to it {_sent(r)})"
+
+
+def _sent(r: dict[str, Any]) -> str:
+    n = r.get("requests_during_fault") or 0
+    k = r.get("sent_during_fault")
+    return "-" if not n or k is None else f"{100 * k / n:.0f}%"
+
+
+def _tail(r: dict[str, Any]) -> str:
+    n = r.get("requests_during_fault") or 0
+    if not n:
+        return "-"
+    slow = r.get("slower_than_1s", 0)
+    return f"{100 * slow / n:.1f}% / {_ms(r.get('p99_s'))}"
+
+
+def _midstream(r: dict[str, Any]) -> str:
+    errs = r.get("client_errors", 0)
+    gap = r.get("stream_max_gap_max_s")
+    return f"max pause {_ms(gap)}, {errs} failed"
+
+
+def heartbeat_section(hb: dict[str, Any]) -> list[str]:
+    """Issue 5's table: agent frozen / killed / cut off -> ejection by heartbeat."""
+    meta = hb["meta"]
+    target = meta["target"]
+    out = [
+        "## Agent heartbeat: fault -> ejection (issue 5)",
+        "",
+        f"`python -m chaos.heartbeat`, {meta['started']}, {meta['duration_s'] / 60:.1f} min: "
+        f"5 backends, {meta['heartbeat']}, 20 client requests/s; target p50 <= "
+        f"{target['p50_ms']:.0f} ms, max <= {target['max_ms']:.0f} ms. Latency runs from just "
+        "before the signal or iptables command to the ejection event; the column after it "
+        "runs from the command's return (the fault was surely in force by then). Client "
+        "errors: requests sent from that fault's start to the next trial's.",
+        "",
+        "| agent fault | trials | ejected (cause heartbeat) | p50 | p90 | max "
+        "| p50 / max from the command's return | client requests sent after ejection "
+        "| client errors | back through probation |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    names = {
+        "agent_stop": "SIGSTOP (lift: SIGCONT)",
+        "agent_kill": "SIGKILL (lift: restart)",
+        "agent_drop": "traffic dropped in the router (lift: rule removed)",
+    }
+    for kind, s in hb["summary"].items():
+        out.append(
+            f"| {names.get(kind, kind)} | {s['trials']} | {s['detected']} ({s['cause_heartbeat']}) "
+            f"| {s['p50_ms']} ms | {s['p90_ms']} ms | {s['max_ms']} ms "
+            f"| {s.get('p50_after_cmd_ms', '-')} / {s.get('max_after_cmd_ms', '-')} ms "
+            f"| {s['sent_after_detection']} "
+            f"| {s.get('client_errors', '-')}/{s.get('client_requests', '-')} "
+            f"| {s['back_through_probation']}/{s['trials']} |"
+        )
+    return out
