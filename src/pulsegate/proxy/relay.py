@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from pulsegate.health.observations import Outcome, RequestResult
+from pulsegate.health.observations import FirstByteOverdue, Outcome, RequestResult
 from pulsegate.proxy.classify import describe
 from pulsegate.proxy.errors import sse_error_event
 from pulsegate.proxy.sse import Event as SSEEvent
@@ -143,7 +143,13 @@ class Relay:
                     gw.m_requests.inc((backend.name, self.model, str(resp.status)))
                     await out.write_eof()
                     return out
-                gw.report(backend.name, RequestResult(Outcome.STREAM_BROKEN, None, None))
+                if broken.startswith("stalled"):
+                    # Our own watchdog cut a quiet stream: suspect evidence (new requests go
+                    # elsewhere, probes speed up), not a hard failure. A busy but healthy
+                    # engine must not be ejected by five slow streams (R17, R21).
+                    gw.report(backend.name, FirstByteOverdue(1, self.stall))
+                elif not broken.startswith(("backend ejected", "the gateway is shutting")):
+                    gw.report(backend.name, RequestResult(Outcome.STREAM_BROKEN, None, None))
                 gw.m_requests.inc((backend.name, self.model, "stream_broken"))
                 gw.release(backend.name)
                 held = None
