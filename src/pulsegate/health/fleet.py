@@ -170,6 +170,10 @@ class Fleet:
         """Every model some backend serves."""
         return set(self._groups)
 
+    def serves(self, model: str) -> bool:
+        """Whether some backend serves `model` (no copy: called once per request)."""
+        return model in self._groups
+
     def backend_models(self, name: str) -> frozenset[str]:
         """The models backend `name` serves."""
         return self._by_name[name].models

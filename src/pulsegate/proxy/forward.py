@@ -142,7 +142,7 @@ class Forwarder:
         gw = self.gw
         now = clock.monotonic()
         gw.budget.deposit(now)
-        if model not in gw.fleet.models():
+        if not gw.fleet.serves(model):
             return error_response(
                 404, f"model '{model}' is not served by any backend", "model_not_found"
             )
