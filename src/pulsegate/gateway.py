@@ -9,7 +9,6 @@ Balancer do, and this module only feeds them observations, acts on their transit
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
@@ -24,6 +23,7 @@ import aiohttp
 from pulsegate import clock
 from pulsegate.balancer import Balancer
 from pulsegate.baselines import Baseline, BaselineEvent
+from pulsegate.capacity import CapacityQueue
 from pulsegate.config import BackendConfig, Config
 from pulsegate.health.events import Transition
 from pulsegate.health.fleet import Fleet
@@ -97,7 +97,7 @@ class Gateway:
         self._overdue_reported: dict[str, float] = {}
         self._streams: dict[str, set[Watchdog]] = {b.name: set() for b in config.backends}
         self._pending: dict[str, set[asyncio.Timeout]] = {b.name: set() for b in config.backends}
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.queue = CapacityQueue(config.routing.queue_max)
         self._below_min: set[str] = set()
         self.shutting_down = False
         self.drained = asyncio.Event()
@@ -174,7 +174,7 @@ class Gateway:
         r.add(Gauge("pulsegate_queue_depth", "Requests waiting for capacity", (), self._qdepth))
 
     def _qdepth(self) -> Iterable[tuple[tuple[str, ...], float]]:
-        yield (), float(len(self._waiters))
+        yield (), float(self.queue.depth)
 
     def _ready_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(self.fleet.models(), 0)
@@ -319,19 +319,16 @@ class Gateway:
 
     def release(self, name: str) -> None:
         self.inflight[name] -= 1
-        if self._waiters:
-            self._wake_one()
+        if self.queue.depth:
+            self.queue.wake_for(self.fleet.backend_models(name))
         if self.shutting_down and not any(self.inflight.values()):
             self.drained.set()
 
     # -- the capacity queue: when every candidate is at its limit, wait, then 503 -----------
 
-    def _wake_one(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
+    def queue_ahead(self, model: str) -> bool:
+        """Requests for `model` already wait for capacity: a newcomer queues behind them."""
+        return self.queue.ahead(model)
 
     def saturated(self, model: str, tried: Sequence[str]) -> bool:
         """Some routable backend for `model`, not yet tried, is at its concurrency limit."""
@@ -347,32 +344,17 @@ class Gateway:
     async def wait_for_capacity(
         self, model: str, session_key: str | None, within: float, tried: Sequence[str] = ()
     ) -> Verdict | None:
-        """Wait (FIFO, bounded by routing.queue_max) until a backend for `model` has room,
-        at most `within` seconds. None: the queue is full or the wait timed out."""
-        if len(self._waiters) >= self.config.routing.queue_max:
+        """Wait in `model`'s FIFO (bounded by routing.queue_max) until a backend for it has
+        room, at most `within` seconds. None: the queue is full or the wait timed out."""
+        if self.queue.depth >= self.queue.limit:
             return None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
         self.m_queued.inc()
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                return None
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(fut)
-            try:
-                async with asyncio.timeout(left):
-                    await fut
-            except TimeoutError:
-                return None
-            finally:
-                if not fut.done():
-                    fut.cancel()
-            verdict = self.pick(model, tried, session_key)
-            if verdict is not None:
-                return verdict
-            if self._waiters:  # the slot went to another model's backend: pass the turn on
-                self._wake_one()
+        return await self.queue.wait(
+            model,
+            within,
+            lambda: self.pick(model, tried, session_key),
+            lambda: self.pick(model, (), None) is not None,
+        )
 
     async def wait_drained(self, within: float) -> bool:
         """During shutdown: wait until nothing is in flight, at most `within` seconds."""

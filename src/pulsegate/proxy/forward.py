@@ -151,8 +151,10 @@ class Forwarder:
         last: Failure | None = None
         start = now
         while len(tried) < self.max_attempts:
-            verdict = gw.pick(model, tried, session_key)
-            if verdict is None and gw.saturated(model, tried):
+            # Requests already queued for this model go first: a newcomer queues behind them.
+            ahead = not tried and gw.queue_ahead(model)
+            verdict = None if ahead else gw.pick(model, tried, session_key)
+            if verdict is None and (ahead or gw.saturated(model, tried)):
                 # Backends not yet tried are only at their concurrency limit: wait in the
                 # bounded queue rather than bury a survivor (R24, R25), retries included.
                 verdict = await gw.wait_for_capacity(model, session_key, self.queue_timeout, tried)

@@ -1,0 +1,120 @@
+"""The capacity queue: when every candidate backend is at its concurrency limit, wait (R24, R25).
+
+One FIFO per model, bounded in total by `routing.queue_max`. A released slot wakes the
+longest-waiting request among the models its backend serves; nobody else is woken, so a
+release costs one wake-up, not a thundering herd. Order is kept two ways:
+
+- a request arriving while others already wait for the same model joins the end of the
+  queue instead of taking the next free slot before them (`ahead`): without this, under a
+  steady flood the newcomers that happen to run between a release and the woken waiter's
+  turn overtake it, and a queued request can starve until its deadline;
+- a woken waiter that finds no slot after all (a retry or a resumed stream, which do not
+  queue, took it) keeps its place in line instead of going to the back.
+
+A waiter that gets a slot wakes the next in line when there is room for it too (several
+slots freed at once, or a backend came back); a waiter woken just as its deadline passed
+hands its wake-up on. Nothing here
+decides which backend: the caller's `pick` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_Entry = tuple[float, "asyncio.Future[None]"]
+
+
+class CapacityQueue:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._queues: dict[str, collections.deque[_Entry]] = {}
+        # Waiters per model, counted from entry to exit (woken or not), for `ahead`.
+        self._inside: collections.Counter[str] = collections.Counter()
+        self.depth = 0
+
+    def ahead(self, model: str) -> bool:
+        """Requests for `model` are waiting: a newcomer must queue behind them."""
+        return self.depth > 0 and self._inside[model] > 0
+
+    def wake_for(self, models: Iterable[str]) -> None:
+        """A slot freed on a backend serving `models`: wake the longest waiter among them."""
+        if not self.depth:
+            return
+        best: collections.deque[_Entry] | None = None
+        for m in models:
+            q = self._queues.get(m)
+            while q and q[0][1].done():  # timed out or cancelled: already gone
+                q.popleft()
+            if q and (best is None or q[0][0] < best[0][0]):
+                best = q
+        if best is not None:
+            best.popleft()[1].set_result(None)
+
+    def _wake_model(self, model: str) -> None:
+        self.wake_for((model,))
+
+    async def wait(
+        self,
+        model: str,
+        within: float,
+        pick: Callable[[], T | None],
+        has_room: Callable[[], bool],
+    ) -> T | None:
+        """Wait in `model`'s queue until `pick()` finds a backend, at most `within` seconds.
+        `has_room()` says whether another request for `model` would find one now. None: the
+        queue is full or the wait timed out."""
+        if self.depth >= self.limit:
+            return None
+        loop = asyncio.get_running_loop()
+        since = loop.time()
+        deadline = since + within
+        q = self._queues.setdefault(model, collections.deque())
+        self.depth += 1
+        self._inside[model] += 1
+        first = True
+        try:
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    return None
+                fut: asyncio.Future[None] = loop.create_future()
+                if first:
+                    q.append((since, fut))
+                    first = False
+                else:
+                    _reinsert(q, (since, fut))  # keep our place in line
+                try:
+                    async with asyncio.timeout(left):
+                        await fut
+                except TimeoutError:
+                    if fut.done() and not fut.cancelled():
+                        self._wake_model(model)  # woken as time ran out: pass it on
+                    return None
+                finally:
+                    if not fut.done():
+                        fut.cancel()
+                found = pick()
+                if found is not None:
+                    if q and has_room():
+                        self._wake_model(model)  # more slots freed at once: next in line
+                    return found
+        finally:
+            self.depth -= 1
+            self._inside[model] -= 1
+            if not self._inside[model]:
+                del self._inside[model]
+
+
+def _reinsert(q: collections.deque[_Entry], entry: _Entry) -> None:
+    """Put a waiter back where its arrival time says (usually the front)."""
+    i = 0
+    for since, _ in q:
+        if since > entry[0]:
+            break
+        i += 1
+    q.insert(i, entry)
