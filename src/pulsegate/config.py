@@ -46,7 +46,8 @@ class BackendConfig:
     agent: str | None = None
     metrics_path: str | None = None
     api_key_env: str | None = None
-    # Most concurrent client requests the gateway sends this backend (0: no limit).
+    # Most concurrent client requests the gateway sends this backend (0: no limit;
+    # MAX_INFLIGHT_AUTO, written `auto`: the engine's batch capacity once known).
     max_inflight: int = 0
     # How a broken stream is continued on this engine: "vllm" (continue_final_message) or "none".
     resume: str = "vllm"
@@ -287,6 +288,18 @@ def _num(lo: float | None = None, hi: float | None = None) -> Callable[[object],
     return conv
 
 
+MAX_INFLIGHT_AUTO = -1
+
+
+def _limit(v: object) -> int:
+    """A concurrency limit: an integer >= 0 (0: none) or `auto` (MAX_INFLIGHT_AUTO)."""
+    if v == "auto":
+        return MAX_INFLIGHT_AUTO
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"must be an integer >= 0 or 'auto', got {v!r}")
+    return v
+
+
 def _int(lo: int | None = None, hi: int | None = None) -> Callable[[object], int]:
     def conv(v: object) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
@@ -401,7 +414,7 @@ def _backend(r: _Reader) -> BackendConfig:
         agent=agent,
         metrics_path=r.get("metrics_path", d.metrics_path, _path),
         api_key_env=r.get("api_key_env", d.api_key_env, _env_name),
-        max_inflight=r.get("max_inflight", d.max_inflight, _int(0)),
+        max_inflight=r.get("max_inflight", d.max_inflight, _limit),
         resume=r.get("resume", d.resume, _choice("vllm", "none")),
     )
     r.finish()

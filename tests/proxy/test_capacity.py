@@ -79,3 +79,28 @@ def test_min_ready_raises_an_event_and_a_metric(
     metrics = httpx.get(f"{gw.url}/metrics", timeout=5).text
     assert 'pulsegate_model_below_min_ready{model="demo-7b"} 1' in metrics
     assert 'pulsegate_model_ready{model="demo-7b"} 2' in metrics
+
+
+def test_auto_limit_follows_the_engines_batch(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """`max_inflight: auto` learns the engine's batch capacity from its metrics: the gateway
+    never sends more than that at once and queues the rest."""
+    sim = start_sim("a", "--ttft-ms", "5", "--itl-ms", "20", "--max-batch", "3")
+    gw = start_gateway(
+        {
+            "backends": [backend_entry(sim, max_inflight="auto", metrics_path="/metrics")],
+            "probes": fast_probes(),
+            "routing": {"queue_timeout": "10s"},
+        }
+    )
+    gw.wait_all_ready()
+    wait_until(lambda: gw.backends()["a"]["max_inflight"] == 3, timeout=10, what="limit learned")
+    peak = 0
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        futs = [pool.submit(_chat, gw, 10) for _ in range(9)]
+        while not all(f.done() for f in futs):
+            peak = max(peak, gw.backends()["a"]["inflight"])
+        codes = [f.result().status_code for f in futs]
+    assert codes == [200] * 9
+    assert 1 <= peak <= 3

@@ -43,7 +43,7 @@ import enum
 import random
 from collections.abc import Sequence
 
-from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
+from pulsegate.config import MAX_INFLIGHT_AUTO, BackendConfig, HealthConfig, ProbesConfig
 from pulsegate.health import conditions
 from pulsegate.health.ejection import Backoff
 from pulsegate.health.events import Transition
@@ -121,6 +121,9 @@ class BackendHealth:
         self._rtt_s: float | None = None
         self._prefix_hit: float | None = None
         self._pickable = True  # VRAM unknown or >= 5% free
+        # `max_inflight: auto`: the engine's batch capacity, reported (capacity gauge) or
+        # learned (requests running while others wait in its queue); 0 while unknown.
+        self._auto_limit = 0
         self.ramp = 1.0
         # Rule state.
         self._next_eval = now + health.evaluate_interval
@@ -193,6 +196,7 @@ class BackendHealth:
             "score_known": self.score is not None,
             "weight": round(self._verdict.weight, 6),
             "ramp": self.ramp,
+            "max_inflight": self._verdict.max_inflight,  # 0: no limit (or `auto`, unknown yet)
             "suspect": self.suspect,
             "since": self.since,
             "signals": self.signals.snapshot(now),
@@ -232,6 +236,7 @@ class BackendHealth:
                 return self._on_probe(obs, now)
             case EngineFacts():
                 self.signals.record_facts(obs, now)
+                self._learn_capacity(obs)
                 self._check_pickable(now)
                 return _NOTHING
             case FirstByteOverdue():
@@ -272,6 +277,7 @@ class BackendHealth:
         s = self.signals
         s.record_heartbeat(hb, now)
         if hb.facts is not None:
+            self._learn_capacity(hb.facts)
             self._check_pickable(now)
         if hb.rtt_s is not None or s.heartbeat_misses < self._p.heartbeat.misses_to_dead:
             return _NOTHING
@@ -590,6 +596,22 @@ class BackendHealth:
         self._pickable = gf is None or gf >= GPU_FREE_MIN
         self._publish()
 
+    def _learn_capacity(self, f: EngineFacts) -> None:
+        """For `max_inflight: auto`: the most requests the engine runs at once. A reported
+        capacity is taken as it is; otherwise the largest batch seen while requests waited
+        in the engine's own queue (a full batch: vLLM does not export max_num_seqs)."""
+        if self.config.max_inflight != MAX_INFLIGHT_AUTO:
+            return
+        if f.capacity is not None and f.capacity >= 1:
+            limit = int(f.capacity)
+        elif f.queue_waiting and f.running and f.running > self._auto_limit:
+            limit = int(f.running)
+        else:
+            return
+        if limit != self._auto_limit:
+            self._auto_limit = limit
+            self._publish()
+
     def _check_pickable(self, now: float) -> None:
         gf = self.signals.memory_free(now)
         pickable = gf is None or gf >= GPU_FREE_MIN
@@ -622,7 +644,9 @@ class BackendHealth:
             rtt_s=self._rtt_s,
             gpu_free_ratio=self._inputs.gpu_free,
             prefix_cache_hit_rate=self._prefix_hit,
-            max_inflight=c.max_inflight,
+            max_inflight=self._auto_limit
+            if c.max_inflight == MAX_INFLIGHT_AUTO
+            else c.max_inflight,
             affinity_weight=aw,
         )
 
