@@ -564,3 +564,17 @@ def test_next_due_is_the_next_evaluation_or_ramp_step(ready3: Harness) -> None:
     h.run(30.0, _recovering)
     assert h.state("a") is State.PROBATION
     assert h.fleet.next_tick(h.now) <= h.now + 0.6 + 1e-9
+
+
+def test_ejection_forgets_the_sick_spells_ttft(ready3: Harness) -> None:
+    """Client TTFT is only measured while clients are sent: after an ejection the old samples
+    (of the sick spell) must not weigh the backend down into probation; probes keep theirs."""
+    h = ready3
+    h.feed("a", RequestResult(OK.outcome, ttft_s=0.9), 5)
+    assert h.snap("a")["signals"]["ttft_ms"] > 500  # type: ignore[index,operator]
+    micro_before = h.snap("a")["signals"]["latency_ms"]  # type: ignore[index]
+    h.feed("a", FAIL, 5)
+    assert h.state("a") is State.EJECTED
+    signals = h.snap("a")["signals"]
+    assert signals["ttft_ms"] is None  # type: ignore[index]
+    assert signals["latency_ms"] == micro_before  # type: ignore[index]

@@ -546,6 +546,10 @@ class BackendHealth:
 
     def _eject(self, now: float, event: Event, cause: str, reason: str) -> Sequence[Transition]:
         out = self.backoff.eject(now)
+        # Time to first token of client requests is measured only while clients are sent:
+        # after an ejection the last samples describe the sick spell, and would still weigh
+        # the backend down for up to 30 s into probation. Probes keep their own latencies.
+        self.signals.forget_ttft()
         self._probe_ok_since_eject = False
         self._micro_ok_since_eject = False
         self.suspect = False

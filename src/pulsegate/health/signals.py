@@ -242,6 +242,10 @@ class Signals:
         if hb.facts is not None:
             self.record_facts(hb.facts, now)
 
+    def forget_ttft(self) -> None:
+        """Drop the smoothed time to first token (its baseline stays)."""
+        self.ttft.ewma.reset()
+
     def reset_request_failures(self) -> None:
         """Forget the real-traffic failure streak (on ejection: no traffic will come to end it)."""
         self.request_failures = 0
