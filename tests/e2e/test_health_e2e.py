@@ -563,3 +563,28 @@ def _metric_samples(text: str) -> dict[str, float]:
             key, _, value = line.rpartition(" ")
             out[key] = float(value)
     return out
+
+
+def test_engine_killed_beside_its_agent_is_ejected_as_engine_down(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Any
+) -> None:
+    """The node's agent outlives its engine: its refused connection ejects the backend at
+    once (cause engine_down), with no client traffic needed to find out."""
+    from support import Proc
+
+    sims = {n: start_sim(n, *FAST_SIM) for n in "ab"}
+    agent = Proc(
+        ["agent", "--engine", sims["a"].url, "--listen", "127.0.0.1:0", "--gpu", "engine"],
+        tmp_path / "agent.log",
+    )
+    try:
+        cfg = _config(list(sims.values()), entry={"a": {"agent": f"127.0.0.1:{agent.port}"}})
+        gw = start_gateway(cfg)
+        gw.wait_all_ready()
+        sims["a"].kill()
+        view = gw.wait_state("a", "ejected", timeout=10)
+        assert view["last_cause"] == "engine_down", view["last_reason"]
+        assert "refuses connections" in view["last_reason"]
+        assert gw.backends()["b"]["state"] == "ready"
+    finally:
+        agent.stop()

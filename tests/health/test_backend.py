@@ -34,7 +34,8 @@ from .harness import (
     health_with,
 )
 
-READINESS_DOWN = ProbeResult(ProbeKind.READINESS, ok=False, reason="connection refused")
+READINESS_DOWN = ProbeResult(ProbeKind.READINESS, ok=False, reason="connect error: timed out")
+REFUSED = ProbeResult(ProbeKind.READINESS, ok=False, reason="connection refused", refused=True)
 
 
 def routable_names(h: Harness) -> set[str]:
@@ -119,6 +120,7 @@ def test_one_blip_never_ejects(ready3: Harness) -> None:
         (CANARY_FAIL, 2, "canary", "canary failed 2x: timeout after 350ms"),
         (MICRO_FAIL, 2, "micro_inference", "micro-inference failed 2x: timeout after 2000ms"),
         (FAIL, 5, "consecutive_failures", "5 requests failed in a row (last: http_5xx 503)"),
+        (REFUSED, 1, "engine_down", "engine refuses connections (connection refused)"),
     ],
 )
 def test_hard_evidence_ejects_at_once(
@@ -578,3 +580,17 @@ def test_ejection_forgets_the_sick_spells_ttft(ready3: Harness) -> None:
     signals = h.snap("a")["signals"]
     assert signals["ttft_ms"] is None  # type: ignore[index]
     assert signals["latency_ms"] == micro_before  # type: ignore[index]
+
+
+def test_a_readiness_timeout_is_an_error_not_an_ejection(ready3: Harness) -> None:
+    """Only a refused connection is hard evidence: a busy engine's /health may time out."""
+    h = ready3
+    h.feed("a", READINESS_DOWN, 3)
+    assert h.state("a") is State.READY
+
+
+def test_refused_while_cold_says_why() -> None:
+    h = Harness(("a", "b"))
+    h.obs("a", REFUSED)
+    assert h.state("a") is State.COLD
+    assert "refuses connections" in str(h.snap("a")["last_reason"])

@@ -176,6 +176,32 @@ async def test_killed_agent_misses_then_reconnects_after_restart(
         )
 
 
+async def test_killed_engine_is_reported_refused_by_its_agent(
+    start_sim: Callable[..., Sim], agents: Callable[..., Proc]
+) -> None:
+    """The agent stays up while its engine dies: its pongs say the engine's port refuses
+    connections, which the health core takes as hard evidence (cause engine_down)."""
+    sim = start_sim("dies")
+    agent = agents(sim.url)
+    rec = Recorder()
+    async with running(rec, f"127.0.0.1:{agent.port}"):
+        await rec.until(
+            lambda: any(p.ok and p.ready for p in rec.probes(ProbeKind.READINESS)),
+            5.0,
+            "the agent's first readiness",
+        )
+        sim.kill()
+        t_kill = time.monotonic()
+        await rec.until(
+            lambda: any(p.refused for p in rec.probes(ProbeKind.READINESS, t_kill)),
+            5.0,
+            "a refused readiness from the agent",
+        )
+        refused = next(p for p in rec.probes(ProbeKind.READINESS, t_kill) if p.refused)
+        assert not refused.ok and "connection refused" in refused.reason
+        assert any(hb.rtt_s is not None for _, hb in rec.beats("a", t_kill)), "agent still up"
+
+
 async def test_quick_reconnect_costs_one_miss(
     start_sim: Callable[..., Sim], agents: Callable[..., Proc]
 ) -> None:

@@ -41,7 +41,7 @@ async def test_refused_is_a_failed_probe() -> None:
     b = BackendConfig(name="gone", url=f"http://127.0.0.1:{port}", models=("m",))
     async with running_prober([b]) as (_, rec):
         r = await rec.wait_for(R, lambda r: True)
-    assert (r.ok, r.ready, r.reason) == (False, False, "connection refused")
+    assert (r.ok, r.ready, r.reason, r.refused) == (False, False, "connection refused", True)
     assert r.latency_s is None
 
 

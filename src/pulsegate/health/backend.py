@@ -344,6 +344,17 @@ class BackendHealth:
         if not p.ok:
             # Unreachable or timed out says nothing about loading: it is counted as an
             # error and the streak rules judge it (a hung engine is sick, not warming).
+            # A refused connection is different: nothing listens on the engine's port, so
+            # every request sent there fails. Out at once, before clients find out.
+            if p.refused:
+                why = f"engine refuses connections ({p.reason or 'connection refused'})"
+                st = self.state
+                if st is State.READY or st is State.DEGRADED:
+                    return self._eject(now, Event.HARD_FAILURE, "engine_down", why)
+                if st is State.PROBATION:
+                    return self._eject(now, Event.PROBATION_FAILED, "engine_down", why)
+                if st is State.COLD or st is State.WARMING:
+                    self.last_reason = why
             return _NOTHING
         if p.ready is False:
             self._ready = False

@@ -60,6 +60,9 @@ class ProbeResult:
     latency_s: float | None = None
     reason: str = ""
     ready: bool | None = None
+    # Readiness only: the engine's port refused the connection. Nothing listens there (the
+    # process is gone or restarting): as hard as evidence gets, unlike a timeout.
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -412,7 +412,11 @@ class HeartbeatClient:
         self._readiness = seen
         reason = f"agent: {pong.engine_status}" if pong.engine_status else "agent"
         ready = pong.engine_ready if answered else None
-        self._emit(ProbeResult(ProbeKind.READINESS, answered, None, reason, ready=ready))
+        # The agent on the engine's own node could not connect to its loopback port.
+        refused = not answered and pong.engine_status.endswith("connection refused")
+        self._emit(
+            ProbeResult(ProbeKind.READINESS, answered, None, reason, ready=ready, refused=refused)
+        )
 
     # -- micro-inference ------------------------------------------------------------------
 

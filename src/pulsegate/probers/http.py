@@ -129,6 +129,13 @@ def describe_failure(exc: BaseException, timeout_s: float) -> str:
     return f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
 
 
+def is_refused(exc: BaseException) -> bool:
+    """The connection was refused: nothing listens on the backend's port."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return exc.os_error.errno == errno.ECONNREFUSED
+    return isinstance(exc, ConnectionRefusedError)
+
+
 def _os_reason(err: OSError, prefix: str) -> str:
     if err.errno == errno.ECONNREFUSED:
         return "connection refused"

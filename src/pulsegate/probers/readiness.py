@@ -29,7 +29,14 @@ import aiohttp
 import orjson
 
 from pulsegate.health.observations import ProbeKind, ProbeResult
-from pulsegate.probers.http import FETCH_ERRORS, Reply, describe_failure, fetch, http_reason
+from pulsegate.probers.http import (
+    FETCH_ERRORS,
+    Reply,
+    describe_failure,
+    fetch,
+    http_reason,
+    is_refused,
+)
 
 # Statuses that mean "up, but not ready yet": the engine is loading or warming the model.
 _NOT_READY = frozenset({503, 425})
@@ -57,8 +64,8 @@ async def probe_readiness(
     def result(ok: bool, ready: bool, reason: str = "") -> ProbeResult:
         return ProbeResult(ProbeKind.READINESS, ok, clock() - t0, reason, ready)
 
-    def down(reason: str) -> Readiness:
-        return Readiness(ProbeResult(ProbeKind.READINESS, False, None, reason, False))
+    def down(reason: str, refused: bool = False) -> Readiness:
+        return Readiness(ProbeResult(ProbeKind.READINESS, False, None, reason, False, refused))
 
     try:
         health = await fetch(
@@ -86,7 +93,7 @@ async def probe_readiness(
             clock=clock,
         )
     except FETCH_ERRORS as e:
-        return down(describe_failure(e, timeout_s))
+        return down(describe_failure(e, timeout_s), is_refused(e))
 
     has_health = health.status != 404
     if models.status == 404:
