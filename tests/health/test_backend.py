@@ -594,3 +594,30 @@ def test_refused_while_cold_says_why() -> None:
     h.obs("a", REFUSED)
     assert h.state("a") is State.COLD
     assert "refuses connections" in str(h.snap("a")["last_reason"])
+
+
+def test_a_restarted_engine_starts_its_error_counts_afresh(ready3: Harness) -> None:
+    """Failures counted while nothing listened describe the outage, not the new process:
+    without this a restart after a long outage waited 30-40 s for the error rate to decay."""
+    h = ready3
+    h.obs("a", REFUSED)
+    assert h.state("a") is State.EJECTED
+    for _ in range(20):  # the outage: probes keep failing
+        h.obs("a", REFUSED)
+        h.obs("a", MICRO_FAIL)
+        h.tick(0.5)
+    during = h.snap("a")["signals"]
+    assert during["error_rate"] > 0.2  # type: ignore[index,operator]
+    h.obs("a", READY)
+    after = h.snap("a")["signals"]
+    assert after["error_rate"] is None or after["error_rate"] < 0.1  # type: ignore[index,operator]
+    assert after["micro_failures"] == 0  # type: ignore[index]
+
+
+def test_a_timed_out_readiness_keeps_the_error_counts(ready3: Harness) -> None:
+    """Only a refused port proves the old process is gone; a timeout may be the same one."""
+    h = ready3
+    h.feed("a", READINESS_DOWN, 10)
+    before = h.snap("a")["signals"]["error_rate"]
+    h.obs("a", READY)
+    assert h.snap("a")["signals"]["error_rate"] == pytest.approx(before, abs=0.05)  # type: ignore[index]

@@ -124,6 +124,7 @@ class BackendHealth:
         # `max_inflight: auto`: the engine's batch capacity, reported (capacity gauge) or
         # learned (requests running while others wait in its queue); 0 while unknown.
         self._auto_limit = 0
+        self._engine_gone = False  # a readiness probe was refused and none answered since
         self.ramp = 1.0
         # Rule state.
         self._next_eval = now + health.evaluate_interval
@@ -347,6 +348,7 @@ class BackendHealth:
             # A refused connection is different: nothing listens on the engine's port, so
             # every request sent there fails. Out at once, before clients find out.
             if p.refused:
+                self._engine_gone = True
                 why = f"engine refuses connections ({p.reason or 'connection refused'})"
                 st = self.state
                 if st is State.READY or st is State.DEGRADED:
@@ -369,6 +371,12 @@ class BackendHealth:
             return _NOTHING
         self._ready = True
         self._probe_ok_since_eject = True
+        if self._engine_gone:
+            # A new engine process answers where the old one was gone: the failures counted
+            # while nothing listened describe the outage, not this process. Without this a
+            # restart after a long outage waited 30-40 s for the error rate to decay.
+            self._engine_gone = False
+            self.signals.forget_outage()
         return self._maybe_ready(now)
 
     def _on_overdue(self, o: FirstByteOverdue, now: float) -> Sequence[Transition]:

@@ -242,6 +242,13 @@ class Signals:
         if hb.facts is not None:
             self.record_facts(hb.facts, now)
 
+    def forget_outage(self) -> None:
+        """The engine restarted: start its error rate and failure streaks afresh."""
+        self.errors = ErrorRate(ERROR_HALF_LIFE_S, ERROR_PRIOR)
+        self.micro_failures = 0
+        self.canary_failures = 0
+        self.request_failures = 0
+
     def forget_ttft(self) -> None:
         """Drop the smoothed time to first token (its baseline stays)."""
         self.ttft.ewma.reset()
