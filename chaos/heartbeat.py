@@ -10,6 +10,8 @@ the DEFAULT heartbeat (ping every 100 ms, 80 ms timeout, 3 misses), light client
     agent_kill  SIGKILL the agent            lift: start a new agent on the same address
     agent_drop  drop the agent's traffic (TCP port 50051, both ways) in the router namespace
                                              lift: remove the rule
+    engine_kill SIGKILL the engine, the agent lives (on request only: --faults engine_kill)
+                                             lift: start a new engine on the same address
 
 and measures fault -> the backend's ejection event (`/admin/events` wall time; the fault time
 is taken just before the signal or the iptables command). It holds the fault 0.5 s past the
@@ -43,6 +45,8 @@ from chaos.measure import percentile
 from chaos.tap import Tap
 
 KINDS = ("agent_stop", "agent_kill", "agent_drop")
+# Not a heartbeat fault: the agent lives and sees its engine's port refuse (cause engine_down).
+EXTRA_KINDS = ("engine_kill",)
 HEALTH: dict[str, Any] = {"ejection_base": "1s", "probation": {"duration": "6s", "ramp_step": 0.25}}
 TARGET_P50_S, TARGET_MAX_S = 0.240, 0.400
 HOLD_AFTER_S = 0.5
@@ -54,6 +58,8 @@ def _inject(lab: Lab, kind: str, name: str) -> None:
         lab.agents[name].signal(signal.SIGSTOP)
     elif kind == "agent_kill":
         lab.agents[name].signal(signal.SIGKILL)
+    elif kind == "engine_kill":
+        lab.engines[name].signal(signal.SIGKILL)
     else:
         # Both directions in one iptables-restore transaction: one commit, one instant.
         chain = netlab.fault_chain(lab.node(name).index)
@@ -75,6 +81,8 @@ def _lift(lab: Lab, kind: str, name: str) -> None:
         lab.agents[name].signal(signal.SIGCONT)
     elif kind == "agent_kill":
         lab.restart_agent(name)
+    elif kind == "engine_kill":
+        lab.restart_engine(name)
     else:
         netlab.iptables(netlab.RTR, "-F", netlab.fault_chain(lab.node(name).index))
 
@@ -265,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     kinds = tuple(args.faults.split(","))
-    if any(k not in KINDS for k in kinds):
-        print(f"faults: choose from {', '.join(KINDS)}", file=sys.stderr)
+    if any(k not in KINDS + EXTRA_KINDS for k in kinds):
+        print(f"faults: choose from {', '.join(KINDS + EXTRA_KINDS)}", file=sys.stderr)
         return 2
     netlab.ensure_tools()
     reason = netlab.why_unavailable()
