@@ -332,6 +332,12 @@ class BackendHealth:
             return self._eject(
                 now, Event.PROBATION_FAILED, cause, f"{label} failed during probation: {why}"
             )
+        if st is State.COLD:
+            # Never routable yet, so no transition; but the operator must see why it stays
+            # out (vLLM that cannot run its model passes /health and fails its first
+            # micro-inference: `cold` with an empty reason told nothing).
+            self.last_reason = f"{label} failed {streak}x: {why}"
+            return _NOTHING
         if st is not State.READY and st is not State.DEGRADED:
             return _NOTHING
         if streak >= limit:
