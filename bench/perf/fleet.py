@@ -134,9 +134,9 @@ def start_pulsegate(
 ) -> Target:
     """`pulsegate serve` with the default health machinery, once every backend is ready.
 
-    With `workers` > 1 the config asks for `gateway.workers`; if the gateway runs it as one
-    process (workers not implemented), a second `pulsegate serve` of the same config joins
-    the port (SO_REUSEPORT): an emulation whose probe traffic is doubled, said in the note.
+    With `workers` > 1 the config asks for `gateway.workers`: one health process and that
+    many proxy workers sharing the port (SO_REUSEPORT), probing once; CPU is counted over
+    the whole process tree.
     `src`: run the package from this source tree instead (PYTHONPATH precedes the editable
     install), to measure a proposed change beside the current code in the same run."""
     name = name or ("pulsegate" if workers == 1 else f"pulsegate-w{workers}")
@@ -151,14 +151,11 @@ def start_pulsegate(
     n_backends = len(zero) + len(stream)
     wait_ready(base, n_backends, ready_s)
     if workers > 1:
-        time.sleep(0.5)  # let a real supervisor fork its workers before counting them
+        # `serve` announces its port once every worker listens: they are all there now.
         pythons = [p for p in tree(first.pid) if _is_python(p)]
-        if len(pythons) < workers:
-            for i in range(1, workers):
-                target.roots.append(procs.start(f"{name}-{i}", argv, env=env))
-            target.note = f"emulated: {workers} independent `pulsegate serve` (probes x{workers})"
-            for _ in range(5 * workers):  # the kernel spreads these polls over the processes
-                wait_ready(base, n_backends, ready_s)
+        if len(pythons) != workers + 1:
+            raise RuntimeError(f"{name}: {len(pythons)} processes, expected 1 + {workers}")
+        target.note = f"gateway.workers: {workers} (1 health process + {workers} proxy workers)"
     return target
 
 

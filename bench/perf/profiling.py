@@ -136,6 +136,8 @@ def _decide(func: str, file: str) -> str | None:
             return "metrics (counters, histograms)"
         if "/probers/" in file or "/observe/" in file:
             return "probers, scrape, alerts (background)"
+        if file.endswith("proxy/upstream.py"):
+            return "upstream client (proxy/upstream.py, httptools)"
         if file.endswith(("proxy/sse.py", "proxy/stream.py")):
             return "SSE parse and usage tracking"
         if func.startswith("Gateway._") and "loop" in func:

@@ -162,7 +162,7 @@ def table(summary: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> str:
     ]
     quiet = [
         f"{n} {s['quiet_rps']:.0f}"
-        + (f" ({s['quiet_rps_vs_nginx']:.2f}x nginx)" if n not in ("direct", "nginx") else "")
+        + (f" ({s['quiet_rps_vs_nginx']:.2f}x nginx)" if "quiet_rps_vs_nginx" in s else "")
         for n, s in summary.items()
         if "quiet_rps" in s
     ]

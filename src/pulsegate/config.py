@@ -51,6 +51,9 @@ class BackendConfig:
     max_inflight: int = 0
     # How a broken stream is continued on this engine: "vllm" (continue_final_message) or "none".
     resume: str = "vllm"
+    # Most choices (`n`) the engine really answers; 0: no limit. transformers serve ignores
+    # `n` and answers one choice: `max_n: 1` routes `n > 1` elsewhere (or refuses it, 400).
+    max_n: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +419,7 @@ def _backend(r: _Reader) -> BackendConfig:
         api_key_env=r.get("api_key_env", d.api_key_env, _env_name),
         max_inflight=r.get("max_inflight", d.max_inflight, _limit),
         resume=r.get("resume", d.resume, _choice("vllm", "none")),
+        max_n=r.get("max_n", d.max_n, _int(0, 128)),
     )
     r.finish()
     return b

@@ -14,7 +14,7 @@ import itertools
 import logging
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from pulsegate.observe.events import EventLog
 from pulsegate.observe.metrics import Counter, Gauge, Histogram, Registry
 from pulsegate.proxy.budget import RetryBudget
 from pulsegate.proxy.relay import EJECTED_STALL_S, Watchdog
+from pulsegate.proxy.upstream import Upstream
 
 log = logging.getLogger("pulsegate.gateway")
 
@@ -92,7 +93,10 @@ class Gateway:
         )
         self.budget = RetryBudget(config.retry.budget_ratio, config.retry.budget_min_per_s, now)
         self.backends = {b.name: _runtime(b) for b in config.backends}
-        self.inflight: dict[str, int] = {b.name: 0 for b in config.backends}
+        # This process's requests in flight per backend, and the counts routing decisions
+        # read: the same dict in one process; gateway-wide totals in a worker (cluster/).
+        self.inflight: MutableMapping[str, int] = {b.name: 0 for b in config.backends}
+        self.load: Mapping[str, int] = self.inflight
         self._waiting: dict[str, dict[int, float]] = {b.name: {} for b in config.backends}
         self._overdue_reported: dict[str, float] = {}
         self._streams: dict[str, set[Watchdog]] = {b.name: set() for b in config.backends}
@@ -103,6 +107,7 @@ class Gateway:
         self.drained = asyncio.Event()
         self._tokens = itertools.count()
         self.session: aiohttp.ClientSession = None  # type: ignore[assignment]  # set in start()
+        self.upstream: Upstream = None  # type: ignore[assignment]  # set in start()
         self.alerts: AlertSender | None = None
         self.events = EventLog(alert=self._alert)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -247,7 +252,7 @@ class Gateway:
     def pick(self, model: str, tried: Sequence[str], session_key: str | None) -> Verdict | None:
         if self.baseline is not None:
             return self.baseline.pick(model, tried)
-        return self.balancer.pick(self.fleet.routable(model), self.inflight, tried, session_key)
+        return self.balancer.pick(self.fleet.routable(model), self.load, tried, session_key)
 
     def report(self, name: str, obs: Observation) -> None:
         """Feed one observation to the health core and act on what it decides."""
@@ -270,9 +275,7 @@ class Gateway:
             to = t.to_state.value
             if t.is_ejection:
                 self.m_ejections.inc((t.backend, t.cause))
-                for w in list(self._streams.get(t.backend, ())):
-                    w.tighten(EJECTED_STALL_S, f"backend ejected ({t.cause})")
-                self._cut_pending(t.backend)
+                self.cut_ejected(t.backend, t.cause)
             self.events.record(t.backend, t.from_state.value, to, t.reason, t.signals, t.cause)
             if self.prober is not None:
                 self.prober.poke(t.backend)
@@ -334,7 +337,7 @@ class Gateway:
         """Some routable backend for `model`, not yet tried, is at its concurrency limit."""
         if self.baseline is not None:
             return False
-        inflight = self.inflight
+        inflight = self.load
         for v in self.fleet.routable(model):
             cap = v.max_inflight
             if cap > 0 and v.name not in tried and inflight.get(v.name, 0) >= cap:
@@ -381,6 +384,13 @@ class Gateway:
     def unwatch_pending(self, name: str, cm: asyncio.Timeout) -> None:
         self._pending[name].discard(cm)
 
+    def cut_ejected(self, name: str, cause: str) -> None:
+        """Backend `name` was ejected: its live streams get the short stall limit and its
+        attempts still waiting for a first byte move on now."""
+        for w in list(self._streams.get(name, ())):
+            w.tighten(EJECTED_STALL_S, f"backend ejected ({cause})")
+        self._cut_pending(name)
+
     def _cut_pending(self, name: str) -> None:
         """The backend was ejected: attempts still waiting for its first byte give up now
         and move to another backend (the client has received nothing yet)."""
@@ -413,7 +423,7 @@ class Gateway:
             if not waiting:
                 continue
             oldest = now - min(waiting.values())
-            usual = self.fleet.backend(name).signals.ttft.value(now) or 0.0
+            usual = self.fleet.usual_ttft(name, now) or 0.0
             limit = max(OVERDUE_FLOOR_S, OVERDUE_FACTOR * usual)
             if oldest < limit:
                 continue
@@ -441,6 +451,9 @@ class Gateway:
 
     async def start(self) -> None:
         cfg = self.config
+        # The proxy path's client (per-backend keep-alive pools); the aiohttp session below
+        # serves probes, alerts and the baseline poll loop.
+        self.upstream = Upstream(cfg.retry.connect_timeout)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60)
         self.session = aiohttp.ClientSession(
             connector=connector,
@@ -449,6 +462,12 @@ class Gateway:
             skip_auto_headers=("User-Agent",),
             read_bufsize=2**16,
         )
+        self._start_health()
+        self._spawn(self._watch_loop(), "first-byte-watch")
+
+    def _start_health(self) -> None:
+        """The health core's drivers: alerts, probers, the tick (a proxy worker has none)."""
+        cfg = self.config
         self.alerts = AlertSender(
             cfg.alerts.webhook, self.session, cfg.alerts.timeout, cfg.alerts.retries, self.rng
         )
@@ -459,7 +478,6 @@ class Gateway:
             for name in self.backends:
                 self._spawn(self._poll_loop(name), f"poll-{name}")
         self._spawn(self._tick_loop(), "health-tick")
-        self._spawn(self._watch_loop(), "first-byte-watch")
 
     def _start_probers(self) -> None:
         from pulsegate.probers import Prober
@@ -527,6 +545,8 @@ class Gateway:
             await self.alerts.close()
         if self.session is not None:
             await self.session.close()
+        if self.upstream is not None:
+            await self.upstream.close()
 
     # -- admin views --------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,21 @@ else:
                 pytest.fail(f"{eng.venv_dir(kind)} missing: run `python scripts/engines.py setup`")
         shutil.rmtree(LOG_DIR, ignore_errors=True)
         p = EnginePool(LOG_DIR)
+
+        def terminated(signum: int, frame: object) -> None:
+            # CI bounds the run with `timeout`, which sends SIGTERM: engines run in sessions
+            # of their own, so stop them here or they outlive the run (3 GB per vLLM).
+            p.stop_all()
+            raise KeyboardInterrupt("SIGTERM")
+
+        previous = signal.signal(signal.SIGTERM, terminated)
         try:
             for name in ("hf", "vllm-a", "vllm-b"):
                 p.spawn(name)
             yield p
         finally:
             p.stop_all()
+            signal.signal(signal.SIGTERM, previous)
 
     @pytest.fixture
     def tmp_path(request: pytest.FixtureRequest, pool: EnginePool) -> Path:

@@ -67,13 +67,16 @@ class EnginePool:
 
 
 def backend(e: eng.Engine, **extra: Any) -> dict[str, Any]:
-    """The gateway's config entry for engine `e` (vLLM: metrics scrape; hf: no resume)."""
+    """The gateway's config entry for engine `e` (vLLM: metrics scrape; hf: no resume, one
+    choice)."""
     entry: dict[str, Any] = {"name": e.name, "url": e.url, "models": [MODEL]}
     if e.kind == "vllm":
         entry["metrics_path"] = "/metrics"
     else:
-        # transformers serve answers 422 to continue_final_message (an unknown field).
+        # transformers serve answers 422 to continue_final_message (an unknown field), and
+        # one choice whatever `n` says.
         entry["resume"] = "none"
+        entry["max_n"] = 1
     return {**entry, **extra}
 
 
@@ -99,8 +102,9 @@ def gateway_config(*backends: dict[str, Any], **sections: Any) -> dict[str, Any]
 
     The stall timeout is 3 s, not 1 s: on this two-core box, shared, a vLLM starting up or a
     neighbour's benchmark starves a running engine for over a second at times, and the
-    watchdog then cut streams of engines that were fine - with no other engine left to
-    resume on, a client error (docs/real-engines.md). Sections given here replace these."""
+    watchdog then cut streams of engines that were fine, to resume them elsewhere (with no
+    other engine left it now waits instead: docs/real-engines.md, finding 6). Sections given
+    here replace these."""
     cfg: dict[str, Any] = {
         "backends": list(backends),
         "probes": real_probes(),

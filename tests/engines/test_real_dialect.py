@@ -24,15 +24,6 @@ from support import Gateway
 # The first test of a session waits for the engines to start: minutes on a busy box.
 pytestmark = pytest.mark.timeout(600)
 ENGINES = ["vllm-a", "hf"]
-# What the gateway does not do yet against transformers serve (docs/real-engines.md,
-# "Findings"): expected failures, strict, so each mark goes when its gateway change lands.
-# `pytest --runxfail` runs them as plain tests.
-HF_GAPS = {
-    "test_invalid_field_is_an_openai_400": "finding 1: check OpenAI's fields at the edge",
-    "test_bad_requests_do_not_count_against_the_engine": "finding 1: a 500 for a bad field",
-    "test_stop_string_is_not_in_the_text": "finding 2: cut the text at the stop string",
-    "test_n_is_honoured_or_refused": "finding 3: transformers serve ignores n",
-}
 MSGS = [{"role": "user", "content": "hello world"}]
 PROMPT = "the quick brown fox"
 N = 12
@@ -67,9 +58,6 @@ def fresh_gw(
 ) -> Gateway:
     """A gateway of this test's own: a test that makes the engine fail (500s for bad fields)
     must not leave it ejected for the next one."""
-    why = HF_GAPS.get(request.function.__name__)
-    if request.param == "hf" and why:
-        request.applymarker(pytest.mark.xfail(reason=f"gateway gap, {why}", strict=True))
     g = start_gateway(gateway_config(backend(pool.get(request.param))))
     g.wait_all_ready(timeout=30)
     return g
@@ -287,9 +275,26 @@ def test_stop_string_is_not_in_the_text(fresh_gw: Gateway) -> None:
 
 def test_n_is_honoured_or_refused(fresh_gw: Gateway) -> None:
     """`n: 2` gives two choices or an OpenAI 400, never one choice silently
-    (transformers serve ignores `n`)."""
+    (transformers serve ignores `n`: its backend says `max_n: 1`)."""
     r = post(fresh_gw, "chat/completions", {**CHAT[1], "n": 2, "temperature": 1.0, "seed": 1})
     if r.status_code == 200:
         assert len(r.json()["choices"]) == 2
     else:
         assert_openai_error(r, 400)
+
+
+def test_n_goes_to_the_engine_that_honours_it(
+    pool: EnginePool, start_gateway: Callable[..., Gateway]
+) -> None:
+    """In a fleet of transformers serve and vLLM, every `n: 2` request is served by vLLM with
+    two choices, whatever backend its session would be homed on."""
+    g = start_gateway(gateway_config(backend(pool.get("hf")), backend(pool.get("vllm-a"))))
+    g.wait_all_ready(timeout=60)
+    body = {**CHAT[1], "temperature": 1.0, "seed": 1, "n": 2}
+    for i in range(8):
+        r = httpx.post(
+            f"{g.url}/v1/chat/completions", json=body, headers={"x-session-id": f"s{i}"}, timeout=30
+        )
+        assert r.status_code == 200, r.text[:300]
+        assert r.headers["x-pulsegate-backend"] == "vllm-a"
+        assert len(r.json()["choices"]) == 2

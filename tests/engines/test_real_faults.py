@@ -50,7 +50,15 @@ def test_engine_that_cannot_serve_never_gets_client_traffic(
     gw = start_gateway(gateway_config(backend(hf), backend(bad)))
     gw.wait_state("hf", "ready", timeout=30)
     with Load(gw.url, rate=5) as load:
-        healthy_after = bad.wait_healthy(ENGINE_S)
+        healthy_after: float | None
+        try:
+            healthy_after = bad.wait_healthy(ENGINE_S)
+        except RuntimeError:
+            # Up and gone between two /health polls of this test: the gateway's first
+            # micro-inference killed it sooner than the poll looked (seen on a busy box).
+            # It must have served, though: a vLLM that never came up fails here.
+            assert "Application startup complete" in bad.log_tail(500_000), bad.log_tail()
+            healthy_after = None
         t_healthy = time.monotonic()
         wait_until(lambda: not bad.alive(), timeout=60, what="vllm-h16 to exit")
         exited_after = time.monotonic() - t_healthy
@@ -65,7 +73,7 @@ def test_engine_that_cannot_serve_never_gets_client_traffic(
     record_figures(
         "vLLM that cannot run its model (head size 16)",
         {
-            "start -> /health 200 (s)": round(healthy_after, 1),
+            "start -> /health 200 (s)": None if healthy_after is None else round(healthy_after, 1),
             "/health 200 -> process exited (s)": round(exited_after, 1),
             "client requests": len(samples),
             "client errors": len(failed(samples)),
@@ -118,8 +126,6 @@ def test_transformers_stream_resumes_on_vllm(
     assert killed, "the stream ended before vLLM was back"
     objs = [orjson.loads(e) for e in events if e != b"[DONE]"]
     errors = [o["error"] for o in objs if "error" in o]
-    if any("does not support resume" in e.get("message", "") for e in errors):
-        pytest.xfail("gateway gap, finding 4: `resume: none` refuses the source engine")
     assert errors == [], errors
     assert events.count(b"[DONE]") == 1 and events[-1] == b"[DONE]"
     text = "".join(ch["delta"].get("content") or "" for o in objs for ch in o.get("choices") or ())
@@ -202,13 +208,12 @@ def test_killed_vllm_stream_resumes_whole(pool: EnginePool, pair: Gateway) -> No
         },
     )
     assert _metric(gw, "pulsegate_stream_resumes_total") >= 1
-    assert len(usage) == 1 and usage[0]["completion_tokens"] == TOKENS
-    if len(text) > TOKENS and text.startswith(expected):
-        pytest.xfail(
-            f"gateway gap, finding 5: tokens counted as chunks; vLLM merged some before the "
-            f"kill and the client got {len(text)} tokens for max_tokens {TOKENS}"
-        )
+    # vLLM merges tokens into one event when its API loop lags: the continuation is asked
+    # for the tokens counted by the target's /tokenize, not one per event (finding 5).
+    assert len(text) == TOKENS, f"{len(text)} tokens for max_tokens {TOKENS}"
     assert text == expected
+    assert len(usage) == 1 and usage[0]["completion_tokens"] == TOKENS
+    assert usage[0]["prompt_tokens"] == direct.json()["usage"]["prompt_tokens"]
 
 
 @pytest.mark.timeout(600)

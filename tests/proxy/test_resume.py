@@ -9,6 +9,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from script_engines import VLLM_LIKE, ScriptEngine
 
 from support import Gateway, Sim, backend_entry, fast_probes, wait_until
 
@@ -150,3 +151,147 @@ def test_client_disconnect_cancels_upstream(fleet: dict[str, Any]) -> None:
                 break
     wait_until(lambda: sims[first].stats()["inflight"] == 0, timeout=5, what="upstream freed")
     wait_until(lambda: gw.backends()[first]["inflight"] == 0, timeout=5, what="gateway freed")
+
+
+def _read_stream(
+    gw: Gateway,
+    body: dict[str, Any],
+    on_event: Callable[[int, httpx.Response], None] | None = None,
+) -> tuple[str, list[dict[str, Any]], list[bytes]]:
+    """(text, JSON chunks, raw events) of one streamed chat through the gateway;
+    `on_event(count, response)` after each event."""
+    text, objs, events = "", [], []
+    with httpx.stream(
+        "POST", f"{gw.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30
+    ) as resp:
+        assert resp.status_code == 200
+        for ev in _events(resp):
+            events.append(ev)
+            data = ev.removeprefix(b"data: ")
+            if data != b"[DONE]":
+                obj = orjson.loads(data)
+                objs.append(obj)
+                for ch in obj.get("choices") or ():
+                    text += ch["delta"].get("content") or ""
+            if on_event is not None:
+                on_event(len(events), resp)
+    return text, objs, events
+
+
+def test_resume_counts_tokens_not_events(
+    start_engine: Callable[..., ScriptEngine], start_gateway: Callable[..., Gateway]
+) -> None:
+    """An engine that sends 4 tokens per event is killed mid-stream: the continuation is
+    asked for exactly the tokens still missing (counted with the target's /tokenize), so
+    the client's text is the uninterrupted text and usage says max_tokens."""
+    engines = {n: start_engine(VLLM_LIKE, "--merge", "4", "--itl-ms", "10") for n in "ab"}
+    gw = start_gateway(
+        {
+            "backends": [
+                {"name": n, "url": e.url, "models": ["demo-7b"]} for n, e in engines.items()
+            ],
+            "probes": fast_probes(),
+            "streaming": {"stall_timeout": "500ms"},
+        }
+    )
+    gw.wait_all_ready()
+    body = {"model": "demo-7b", "messages": PROMPT, "max_tokens": TOKENS, "temperature": 0}
+    direct = httpx.post(f"{engines['a'].url}/v1/chat/completions", json=body, timeout=10).json()
+    expected = direct["choices"][0]["message"]["content"]
+    killed: list[str] = []
+
+    def kill(count: int, resp: httpx.Response) -> None:
+        if count == 6:  # the role chunk, then 5 events of 4 tokens: 20 tokens sent
+            killed.append(resp.headers["x-pulsegate-backend"])
+            engines[killed[0]].kill()
+
+    body = {**body, "stream_options": {"include_usage": True}}
+    text, objs, events = _read_stream(gw, body, kill)
+    assert killed, "the stream ended before the kill"
+    assert [o["error"] for o in objs if "error" in o] == []
+    assert events.count(b"data: [DONE]") == 1
+    assert text == expected and len(text) == TOKENS
+    (usage,) = [o["usage"] for o in objs if o.get("usage")]
+    assert usage["completion_tokens"] == TOKENS
+    assert usage["prompt_tokens"] == direct["usage"]["prompt_tokens"]
+    metrics = httpx.get(f"{gw.url}/metrics", timeout=5).text
+    assert "pulsegate_stream_resumes_total 1" in metrics
+
+
+def test_slow_stream_with_nowhere_to_go_is_not_cut(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """The only backend is slower than the stall timeout between every two tokens: with no
+    other backend to continue on, the stream is left to finish instead of being cut."""
+    sim = start_sim("only", "--ttft-ms", "1", "--itl-ms", "10")
+    gw = start_gateway(
+        {
+            "backends": [backend_entry(sim)],
+            "probes": fast_probes(),
+            "streaming": {"stall_timeout": "200ms"},
+        }
+    )
+    gw.wait_all_ready()
+    sim.fault("slow", factor=50)  # 500 ms between tokens, 2.5x the stall timeout
+    body = {"model": "demo-7b", "messages": PROMPT, "max_tokens": 4}
+    text, objs, events = _read_stream(gw, body)
+    assert [o["error"] for o in objs if "error" in o] == []
+    assert events.count(b"data: [DONE]") == 1 and events[-1] == b"data: [DONE]"
+    assert text
+    assert sum(bool(ch["delta"].get("content")) for o in objs for ch in o["choices"]) == 4
+
+
+def test_stalled_stream_with_nowhere_to_go_ends_at_the_request_deadline(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """A stream of the only backend that stops for good is cut at the request's own deadline
+    (retry.request_timeout), not at the first stall, and ends with an error event."""
+    sim = start_sim("only", "--ttft-ms", "1", "--itl-ms", "10")
+    # The stall fault also stalls the canary (which would eject the backend, and an ejected
+    # backend's idle stream is cut at once: the test below); here only the deadline acts.
+    probes = {**fast_probes(), "canary": {"interval": "1h", "timeout": "250ms"}}
+    gw = start_gateway(
+        {
+            "backends": [backend_entry(sim)],
+            "probes": probes,
+            "streaming": {"stall_timeout": "200ms"},
+            "retry": {"per_try_timeout": "1s", "request_timeout": "1500ms"},
+        }
+    )
+    gw.wait_all_ready()
+    sim.fault("stall", after_tokens=2)
+    body = {"model": "demo-7b", "messages": PROMPT, "max_tokens": 10}
+    _, objs, events = _read_stream(gw, body)
+    errors = [o["error"]["message"] for o in objs if "error" in o]
+    assert len(errors) == 1 and "request deadline reached" in errors[0], errors
+    assert events[-1] == b"data: [DONE]"
+
+
+def test_stalled_stream_of_an_ejected_backend_ends_at_once_with_nowhere_to_go(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """Waiting out a quiet stream with nowhere to go is for a slow engine, not a sick one:
+    once the health core ejects the backend, the idle stream ends with an error event instead
+    of holding its client until the request deadline (60 s here, past the client's 30 s)."""
+    sim = start_sim("only", "--ttft-ms", "1", "--itl-ms", "10")
+    gw = start_gateway(
+        {
+            "backends": [backend_entry(sim)],
+            "probes": fast_probes(),
+            "streaming": {"stall_timeout": "200ms"},
+            "retry": {"request_timeout": "60s"},
+        }
+    )
+    gw.wait_all_ready()
+    sim.fault("stall", after_tokens=2)
+    body = {"model": "demo-7b", "messages": PROMPT, "max_tokens": 10}
+
+    def eject_after_two(count: int, _resp: httpx.Response) -> None:
+        if count == 3:  # the role chunk and two tokens: the stream is stalled now
+            r = httpx.post(f"{gw.url}/admin/backends/only/eject", timeout=5)
+            r.raise_for_status()
+
+    _, objs, events = _read_stream(gw, body, eject_after_two)
+    errors = [o["error"]["message"] for o in objs if "error" in o]
+    assert len(errors) == 1 and "ejected" in errors[0], errors
+    assert events[-1] == b"data: [DONE]"

@@ -186,6 +186,11 @@ class Fleet:
         """Backend `name`'s current state."""
         return self._by_name[name].state
 
+    def usual_ttft(self, name: str, now: float) -> float | None:
+        """Backend `name`'s smoothed time to first token (None until it has one): how long a
+        stream waiting for its first byte may wait before that is evidence against it."""
+        return self._by_name[name].signals.ttft.value(now)
+
     def backend(self, name: str) -> BackendHealth:
         """The health object of backend `name` (tests, debugging)."""
         return self._by_name[name]

@@ -5,21 +5,31 @@ nothing has reached the client), and whether it counts against the backend's hea
 
     exception / status                          outcome          retry elsewhere  counts
     ------------------------------------------  ---------------  ---------------  ------
-    connect refused/reset, DNS, TLS, OS errors  CONNECT_ERROR    yes              yes
-    no headers / first byte before deadline     TIMEOUT          yes              yes
+    ConnectFailed: refused, DNS, TLS, OS errors CONNECT_ERROR    yes              yes
+    ConnectionLost (reset/EOF) before headers   CONNECT_ERROR    yes              yes
+    ConnectTimeout, or no headers / first byte  TIMEOUT          yes              yes
+      before the attempt's deadline
     5xx (except 501, 505: the request's fault)  HTTP_5XX         yes              yes
     429, or 503 with Retry-After                OVERLOADED       yes              no
-    disconnect / payload error after headers    STREAM_BROKEN    yes if no bytes  yes
+    reset / EOF / malformed body after headers  STREAM_BROKEN    yes if no bytes  yes
+    malformed response (ProtocolError)          STREAM_BROKEN    yes if no bytes  yes
     other 4xx                                   CLIENT_ERROR     no (pass on)     no
+
+The exceptions are the proxy path's upstream client's (`upstream.py`); a reused keep-alive
+connection found closed before any response byte was already retried once there.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import aiohttp
-
 from pulsegate.health.observations import Outcome
+from pulsegate.proxy.upstream import (
+    ConnectFailed,
+    ConnectionLost,
+    ConnectTimeout,
+    ProtocolError,
+)
 
 
 def classify_status(status: int, has_retry_after: bool) -> Outcome:
@@ -33,23 +43,19 @@ def classify_status(status: int, has_retry_after: bool) -> Outcome:
 
 
 def classify_exception(exc: BaseException, got_headers: bool) -> Outcome:
-    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectTimeout):
         return Outcome.TIMEOUT
-    if got_headers:
+    if got_headers or isinstance(exc, ProtocolError):
         return Outcome.STREAM_BROKEN
-    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError | OSError):
-        return Outcome.CONNECT_ERROR
-    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
-        return Outcome.STREAM_BROKEN
-    return Outcome.CONNECT_ERROR
+    return Outcome.CONNECT_ERROR  # ConnectFailed, ConnectionLost, any other OSError
 
 
 def describe(exc: BaseException) -> str:
     """Short, secret-free words for an event or an error message."""
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return "timed out"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "server disconnected"
+    if isinstance(exc, ConnectFailed | ConnectTimeout | ConnectionLost | ProtocolError):
+        return str(exc)  # made by upstream.py from errno words only, never a header
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset"
     return type(exc).__name__

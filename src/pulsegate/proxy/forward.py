@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -24,9 +24,11 @@ from pulsegate.balancer import prefix_key
 from pulsegate.health.observations import Outcome, RequestResult
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
 from pulsegate.proxy.errors import error_body, error_response
-from pulsegate.proxy.relay import Relay
+from pulsegate.proxy.relay import Relay, resume_unable
 from pulsegate.proxy.stops import cut_answer, stop_strings
-from pulsegate.proxy.validate import invalid_field
+from pulsegate.proxy.upstream import Response as UpstreamResponse
+from pulsegate.proxy.upstream import UpstreamError
+from pulsegate.proxy.validate import fewer_choices, invalid_field
 
 if TYPE_CHECKING:
     from pulsegate.gateway import BackendRuntime, Gateway
@@ -37,7 +39,7 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 # Response headers from the backend that we pass on; everything else (hop-by-hop,
-# server identity, content-length recomputed by aiohttp) is dropped.
+# server identity, content-length recomputed by aiohttp's server) is dropped.
 _PASS_HEADERS = ("content-type", "content-encoding", "x-request-id", "retry-after")
 
 
@@ -104,6 +106,9 @@ class Forwarder:
         why = invalid_field(doc, path == CHAT)
         if why is not None:
             return error_response(400, why, "invalid_request")
+        avoid, why = fewer_choices(doc, model, self.gw.config.backends)
+        if why is not None:
+            return error_response(400, why, "invalid_request")
         stream = doc.get("stream") is True
         key = request.headers.get("x-session-id")
         if key is None:
@@ -111,7 +116,7 @@ class Forwarder:
             key = user if isinstance(user, str) and user else None
             if key is None and self.prefix_chars:
                 key = prefix_key(_prompt_head(doc, self.prefix_chars), self.prefix_chars)
-        return await self.route(request, path, body, doc, model, stream, key)
+        return await self.route(request, path, body, doc, model, stream, key, avoid)
 
     def _deadline(self, doc: dict[str, Any], stream: bool) -> float:
         """Seconds an attempt may wait for its first byte.
@@ -138,7 +143,10 @@ class Forwarder:
         model: str,
         stream: bool,
         session_key: str | None,
+        avoid: Sequence[str] = (),
     ) -> web.StreamResponse:
+        """Try backends until one answers; never one in `avoid` (it cannot serve this
+        request: `n` beyond its `max_n`)."""
         gw = self.gw
         now = clock.monotonic()
         gw.budget.deposit(now)
@@ -153,11 +161,12 @@ class Forwarder:
         while len(tried) < self.max_attempts:
             # Requests already queued for this model go first: a newcomer queues behind them.
             ahead = not tried and gw.queue_ahead(model)
-            verdict = None if ahead else gw.pick(model, tried, session_key)
-            if verdict is None and (ahead or gw.saturated(model, tried)):
+            skip = [*tried, *avoid] if avoid else tried
+            verdict = None if ahead else gw.pick(model, skip, session_key)
+            if verdict is None and (ahead or gw.saturated(model, skip)):
                 # Backends not yet tried are only at their concurrency limit: wait in the
                 # bounded queue rather than bury a survivor (R24, R25), retries included.
-                verdict = await gw.wait_for_capacity(model, session_key, self.queue_timeout, tried)
+                verdict = await gw.wait_for_capacity(model, session_key, self.queue_timeout, skip)
                 if verdict is None:
                     return _overloaded(model)
             if verdict is None:
@@ -220,7 +229,7 @@ class Forwarder:
 
     async def _open(
         self, backend: BackendRuntime, path: str, body: bytes, stream: bool, deadline: float
-    ) -> tuple[aiohttp.ClientResponse, bytes, int] | Failure:
+    ) -> tuple[UpstreamResponse, bytes, int] | Failure:
         """Send the request and wait for its first byte: a stream's first chunk, or a
         non-streamed answer whole. Reports the outcome to the health core."""
         gw = self.gw
@@ -228,23 +237,28 @@ class Forwarder:
         t0 = clock.monotonic()
         token = gw.watch_first_byte(name, t0) if stream else None
         got_headers = False
-        resp: aiohttp.ClientResponse | None = None
+        resp: UpstreamResponse | None = None
+        pool = gw.upstream.pool(name, backend.url, backend.headers)
         try:
             async with asyncio.timeout(deadline) as cm:
                 # Registered so an ejection of this backend cuts the wait at once: nothing
                 # has reached the client yet, so the request just moves on.
                 gw.watch_pending(name, cm)
-                resp = await gw.session.post(backend.url + path, data=body, headers=backend.headers)
+                resp = await pool.post(path, body)
                 got_headers = True
                 if resp.status >= 400:
                     gw.unwatch_pending(name, cm)  # it reports (and may eject) itself
                     return await self._upstream_error(backend, resp, t0)
                 if stream:
-                    data = await resp.content.readany()
+                    data = await resp.read_chunk()
                 else:
                     data = await resp.read()
                     resp.release()
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        except asyncio.CancelledError:
+            if resp is not None:
+                resp.close()  # the client left: never leave a half-read connection behind
+            raise
+        except (UpstreamError, OSError, TimeoutError) as e:
             outcome = classify_exception(e, got_headers)
             if resp is not None:
                 resp.close()
@@ -268,16 +282,21 @@ class Forwarder:
         return resp, data, resp.status
 
     async def reopen(
-        self, path: str, body: bytes, model: str, tried: list[str], session_key: str | None
-    ) -> tuple[BackendRuntime, aiohttp.ClientResponse, bytes] | Failure | None:
-        """Open a continuation stream on a backend not yet tried for this request.
+        self,
+        path: str,
+        build: Callable[[BackendRuntime], Awaitable[bytes | None]],
+        model: str,
+        tried: list[str],
+        session_key: str | None,
+    ) -> tuple[BackendRuntime, UpstreamResponse, bytes] | Failure | None:
+        """Open a continuation stream on a backend not yet tried for this request, with the
+        body `build(backend)` makes for it (None from `build`: nothing to continue, and
+        reopen returns None).
 
         On success the backend is acquired (in flight) and the caller must release it."""
         gw = self.gw
         last: Failure | None = None
-        # `resume: none` says an engine cannot continue a stream (no continue_final_message):
-        # never a continuation target, whatever engine the stream broke on.
-        unable = [n for n, b in gw.backends.items() if b.resume == "none"]
+        unable = resume_unable(gw.backends)
         for _ in range(self.max_attempts):
             verdict = gw.pick(model, [*tried, *unable], session_key)
             if verdict is None:
@@ -285,6 +304,10 @@ class Forwarder:
             backend = gw.backends[verdict.name]
             tried.append(backend.name)
             gw.acquire(backend.name)
+            body = await build(backend)
+            if body is None:
+                gw.release(backend.name)
+                return None
             opened = await self._open(backend, path, body, True, self.per_try)
             if isinstance(opened, Failure):
                 gw.release(backend.name)
@@ -294,7 +317,7 @@ class Forwarder:
         return last
 
     async def _upstream_error(
-        self, backend: BackendRuntime, resp: aiohttp.ClientResponse, t0: float
+        self, backend: BackendRuntime, resp: UpstreamResponse, t0: float
     ) -> Failure:
         status = resp.status
         retry_after = resp.headers.get("retry-after")
@@ -316,7 +339,7 @@ class Forwarder:
         return Failure(outcome, status, f"{backend.name}: HTTP {status}", retry_after)
 
 
-def _response_headers(resp: aiohttp.ClientResponse, name: str, attempts: int) -> dict[str, str]:
+def _response_headers(resp: UpstreamResponse, name: str, attempts: int) -> dict[str, str]:
     h = {"x-pulsegate-backend": name, "x-pulsegate-attempts": str(attempts)}
     rh = resp.headers
     for k in _PASS_HEADERS:

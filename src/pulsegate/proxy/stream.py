@@ -6,7 +6,8 @@ tokens). When the upstream breaks (reset, EOF without `[DONE]`, malformed event)
 (no bytes for `streaming.stall_timeout`, or its backend is ejected meanwhile), the relay
 asks another backend to continue: the prompt (completions) or an assistant message
 (chat, `continue_final_message`) carries the text already sent, `max_tokens` shrinks by
-the tokens already sent, and the new events are rewritten to the first stream's id,
+the tokens already sent (counted by the continuation target's tokenizer when it has
+`/tokenize`, else one per event), and the new events are rewritten to the first stream's id,
 created and model, minus the role preamble. The client sees one stream, one `[DONE]`.
 
 What is never resumed - `n > 1`, a tool call in flight, constrained decoding - ends with a
@@ -43,7 +44,9 @@ class StreamState:
     created: Any = None
     model: Any = None
     text: dict[int, list[str]] = field(default_factory=dict)
-    tokens: int = 0  # content events sent (vLLM and the sim send one token per event)
+    # Tokens sent: one per content event while relaying (a lower bound: engines may merge
+    # tokens into one event), set to the exact count when a resume target can tokenize.
+    tokens: int = 0
     finished: bool = False  # a finish_reason was sent for every choice seen
     done: bool = False  # `[DONE]` sent
     tool_call: bool = False
@@ -86,6 +89,26 @@ def resume_body(doc: dict[str, Any], path: str, state: StreamState) -> bytes:
         if isinstance(v, int):
             new[key] = max(1, v - state.tokens)
     return orjson.dumps(new)
+
+
+def tokenize_request(model: str, text: str) -> bytes:
+    """vLLM's `POST /tokenize` for the generated text alone (no BOS: it is not a prompt)."""
+    return orjson.dumps({"model": model, "prompt": text, "add_special_tokens": False})
+
+
+def token_count(body: bytes) -> int | None:
+    """The token count of a `/tokenize` answer (`{"count": N, "tokens": [...]}`), or None."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    count = doc.get("count")
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        return count
+    tokens = doc.get("tokens")
+    return len(tokens) if isinstance(tokens, list) else None
 
 
 def remaining_tokens(doc: dict[str, Any], state: StreamState) -> int | None:

@@ -8,7 +8,11 @@ health. Only fields OpenAI defines are checked; unknown fields pass to the engin
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pulsegate.config import BackendConfig
 
 _NUMBERS: dict[str, tuple[float, float]] = {
     "temperature": (0.0, 2.0),
@@ -53,3 +57,23 @@ def invalid_field(doc: dict[str, Any], chat: bool) -> str | None:
             if content is not None and not isinstance(content, str | list):
                 return f"'messages[{i}].content' must be a string or a list of parts"
     return None
+
+
+def fewer_choices(
+    doc: dict[str, Any], model: str, backends: Iterable[BackendConfig]
+) -> tuple[list[str], str | None]:
+    """For `n > 1`: the backends for `model` that answer fewer than `n` choices (`max_n`),
+    to be left out of routing, and why the request must be refused when that is every one.
+
+    transformers serve ignores `n` and answers one choice: such a backend must never get
+    the request, and when no backend can give `n` choices the client gets a 400, never one
+    choice silently. An `n` of 1 or none costs nothing here."""
+    n = doc.get("n")
+    if not isinstance(n, int) or n <= 1:
+        return [], None
+    serving = [b for b in backends if not b.models or model in b.models]
+    unable = [b.name for b in serving if 0 < b.max_n < n]
+    if serving and len(unable) == len(serving):
+        most = max(b.max_n for b in serving)
+        return unable, f"'n' must be at most {most} for model '{model}', got {n}"
+    return unable, None

@@ -1,0 +1,41 @@
+"""Third-party engine stand-ins (hf_like_engine.py, vllm_like_engine.py) as processes.
+
+Each prints `... listening on 127.0.0.1:PORT` once it serves; it is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+HF_LIKE = HERE / "hf_like_engine.py"
+VLLM_LIKE = HERE / "vllm_like_engine.py"
+
+
+class ScriptEngine:
+    def __init__(self, script: Path, *args: str) -> None:
+        self.popen = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE)
+        assert self.popen.stdout is not None
+        line = self.popen.stdout.readline().decode()
+        if "listening on" not in line:
+            self.stop()
+            raise RuntimeError(f"{script.name} did not start: {line!r}")
+        self.url = "http://" + line.rsplit(" ", 1)[-1].strip()
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
