@@ -8,8 +8,8 @@
 Starts two engine fleets (`pulsegate sim`, zero delay / paced streams), pulsegate (`serve`
 with the default health machinery: probes on, `/metrics` scraped on every backend), nginx
 (plain reverse proxy, `proxy_buffering off`, keep-alive upstreams) and pulsegate-w2
-(`gateway.workers: 2`; while the gateway runs that as one process, two `serve` processes
-sharing the port through SO_REUSEPORT, each with its own probers). Each repetition
+(`gateway.workers: 2`: one health process with the probers, two proxy workers sharing the
+port through SO_REUSEPORT; its CPU is the three processes'). Each repetition
 runs every phase on every target, rotating the order so no target always goes first:
 saturation (wrk, 16 connections), open-loop fixed rate (400 req/s), then 64 concurrent
 streams. Reports medians, pulsegate's ratios to direct and to nginx, and issue 4's targets.

@@ -119,3 +119,11 @@ def test_min_ready_accepts_a_number_or_a_per_model_mapping() -> None:
     assert cfg.routing.min_ready_for("small") == 1
     errs = _errors({**base, "routing": {"min_ready": {"big": -1}}})
     assert errs == ["routing.min_ready: big: must be a non-negative integer, got -1"]
+
+
+def test_workers_need_the_pulsegate_mode() -> None:
+    """Several proxy workers share the primary's verdicts; the baselines have none to share."""
+    backends = [{"name": "a", "url": "http://127.0.0.1:9001", "models": ["m"]}]
+    assert parse_config({"gateway": {"workers": 4}, "backends": backends}).gateway.workers == 4
+    errors = _errors({"gateway": {"workers": 2, "mode": "polling"}, "backends": backends})
+    assert errors == ["gateway.workers: must be 1 with gateway.mode 'polling'"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
 from aiohttp import web
@@ -15,8 +16,19 @@ from pulsegate.proxy.forward import Forwarder
 
 GATEWAY_KEY = web.AppKey("gateway", Gateway)
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-def build_app(gw: Gateway) -> web.Application:
+
+def build_app(
+    gw: Gateway,
+    *,
+    to_primary: Handler | None = None,
+    admin_extra: Sequence[tuple[str, str, Handler]] = (),
+) -> web.Application:
+    """The gateway's routes. A proxy worker of a multi-process gateway (cluster/) passes
+    `to_primary`: it answers the OpenAI endpoints and /healthz itself and hands every other
+    path (metrics, admin, dashboard, unknown ones) to the primary. `admin_extra`: more
+    (method, path, handler) admin routes, guarded like the others."""
     # client_max_size makes aiohttp refuse oversize bodies while reading; Forwarder turns
     # that into an OpenAI-shaped 413. The extra byte lets a body of exactly the limit pass.
     app = web.Application(client_max_size=gw.config.gateway.max_body_bytes + 1)
@@ -57,11 +69,16 @@ def build_app(gw: Gateway) -> web.Application:
     r.add_post("/v1/completions", fwd.completions)
     r.add_get("/v1/models", models)
     r.add_get("/healthz", healthz)
+    if to_primary is not None:
+        r.add_route("*", "/{tail:.*}", to_primary)
+        return app
     r.add_get("/metrics", metrics)
     r.add_get("/dashboard", dashboard)
     r.add_get("/admin/backends", admin.guard(admin.backends))
     r.add_get("/admin/events", admin.guard(admin.events))
     r.add_post("/admin/backends/{name}/{action}", admin.guard(admin.action))
     register_dashboard(app, gw, admin.guard)  # GET /admin/summary, pulsegate_model_backends
+    for method, path, handler in admin_extra:
+        r.add_route(method, path, admin.guard(handler))
     r.add_route("*", "/{tail:.*}", not_found)
     return app

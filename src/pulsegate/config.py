@@ -436,6 +436,9 @@ def _gateway(r: _Reader) -> GatewayConfig:
         workers=r.get("workers", d.workers, _int(1, 64)),
         mode=r.get("mode", d.mode, _choice("pulsegate", "round_robin", "polling", "passive")),
     )
+    if g.workers > 1 and g.mode != "pulsegate":
+        # The baselines keep their verdicts in the proxy process itself: one process only.
+        r.error(r.key("workers"), f"must be 1 with gateway.mode '{g.mode}'")
     r.finish()
     return g
 

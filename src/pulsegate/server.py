@@ -1,5 +1,8 @@
 """`pulsegate serve`: load the config, start the gateway, stop it gracefully on SIGTERM.
 
+With `gateway.workers: 1` (the default) this is the whole gateway in one process; with more,
+`serve` becomes the primary of a health process and N proxy workers (see cluster/).
+
 Shutdown order (uvicorn's): stop accepting, let in-flight requests finish up to
 `streaming.shutdown_grace`, cancel the rest, then stop probers and close the upstream pool.
 """
@@ -50,7 +53,7 @@ async def run_gateway(cfg: Config, ready: asyncio.Event | None = None) -> None:
         cfg.gateway.host,
         cfg.gateway.port,
         shutdown_timeout=1.0,  # the grace period is handled by shutdown() below
-        reuse_port=cfg.gateway.workers > 1,
+        reuse_port=False,  # gateway.workers > 1 runs cluster/ instead
         backlog=1024,
     )
     await gw.start()
@@ -102,5 +105,10 @@ def serve(config_path: str) -> int:
             print(f"error: {err}", file=sys.stderr)
         return 2
     _install_uvloop()
-    asyncio.run(run_gateway(cfg))
+    if cfg.gateway.workers > 1:
+        from pulsegate.cluster.primary import run_cluster
+
+        asyncio.run(run_cluster(cfg))
+    else:
+        asyncio.run(run_gateway(cfg))
     return 0

@@ -1,0 +1,384 @@
+"""The primary of a multi-worker gateway: the health core, once, and its proxy workers.
+
+`pulsegate serve` with `gateway.workers: N > 1` runs this process: config, the Fleet,
+probers, heartbeat clients, events, alerts, admin actions and the metrics registry, as a
+single-process gateway has them, but no client traffic. It reserves the gateway's port (a
+bound, non-listening SO_REUSEPORT socket, which also resolves port 0), starts N workers
+that listen on it, and serves admin, metrics and the dashboard on a private Unix socket
+the workers relay to.
+
+Per worker slot a task spawns the worker, sends it `Hello`, then reads its channel:
+outcomes are fed to the health core exactly as the proxy would in one process, stats are
+summed into the registry. Every change of the fleet's verdicts is exported and sent to
+every worker on the loop's next turn (coalesced), ejections also as an `Ejected` notice
+right after. A worker that exits unasked is logged, recorded as an event and replaced;
+its in-flight row is cleared and its counts stay in the totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from pulsegate import clock
+from pulsegate.cluster.channel import (
+    ChannelClosed,
+    Ejected,
+    Hello,
+    Outcomes,
+    Ready,
+    Stats,
+    Stop,
+    ViewUpdate,
+    encode,
+    receive,
+    send,
+    send_frame,
+    unpack,
+)
+from pulsegate.cluster.metrics import MetricsMerge
+from pulsegate.cluster.mirror import export
+from pulsegate.cluster.shared import InflightTable, Totals
+from pulsegate.config import Config
+from pulsegate.gateway import Gateway
+from pulsegate.health.events import Transition
+from pulsegate.health.observations import FirstByteOverdue, Observation
+
+log = logging.getLogger("pulsegate.primary")
+
+# How often the fleet's version is checked for changes not caused by an observation or an
+# admin action (the health tick's evaluations), and how often a view is sent regardless
+# (the usual TTFT drifts without moving the version).
+PUBLISH_POLL_S = 0.05
+PUBLISH_EVERY_S = 1.0
+START_TIMEOUT_S = 30.0
+# A worker that dies within this long of starting is restarted after a growing pause
+# (0.1 s doubling to 5 s) rather than at once: a crash loop must not spin.
+STABLE_AFTER_S = 10.0
+RESTART_MIN_S = 0.1
+RESTART_MAX_S = 5.0
+KILL_AFTER_S = 5.0  # past the shutdown grace, a worker still running is killed
+
+
+@dataclass
+class Slot:
+    index: int
+    proc: asyncio.subprocess.Process | None = None
+    writer: asyncio.StreamWriter | None = None
+    pid: int = 0
+    started: float = 0.0
+    restarts: int = 0
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    requests: int = 0
+    queue_depth: int = 0
+    view_lag_s: float = 0.0
+
+
+class PrimaryGateway(Gateway):
+    """A Gateway whose proxy runs elsewhere: in-flight counts are the workers' totals, and
+    every decision is passed on to them."""
+
+    def __init__(self, config: Config, table: InflightTable) -> None:
+        super().__init__(config)
+        self.inflight = Totals(table)
+        self.load = self.inflight
+        self.cluster: Supervisor | None = None
+
+    def report(self, name: str, obs: Observation) -> None:
+        super().report(name, obs)
+        if self.cluster is not None:
+            self.cluster.changed()
+
+    def set_models(self, name: str, models: tuple[str, ...]) -> None:
+        super().set_models(name, models)
+        if self.cluster is not None:
+            self.cluster.changed()
+
+    def on_transitions(self, transitions: Iterable[Transition]) -> None:
+        transitions = list(transitions)
+        super().on_transitions(transitions)
+        if self.cluster is not None:
+            self.cluster.publish()  # the new verdicts first, so cut attempts pick again right
+            for t in transitions:
+                if t.is_ejection:
+                    self.cluster.ejected(t.backend, t.cause)
+
+    def _qdepth(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        depth = sum(s.queue_depth for s in self.cluster.slots) if self.cluster else 0
+        yield (), float(depth)
+
+
+class Supervisor:
+    """Starts, feeds, listens to and replaces the proxy workers."""
+
+    def __init__(
+        self, gw: PrimaryGateway, table: InflightTable, port: int, admin_socket: str
+    ) -> None:
+        self.gw = gw
+        self.table = table
+        self.port = port
+        self.admin_socket = admin_socket
+        self.slots = [Slot(i) for i in range(table.rows)]
+        self.merge = MetricsMerge(gw.registry)
+        self.stopping = False
+        self._sent_version = -1
+        self._sent_at = -1e9
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- verdicts to the workers --------------------------------------------------------------
+
+    def changed(self) -> None:
+        """Something may have moved the fleet's verdicts: publish on the loop's next turn."""
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._publish_soon)
+
+    def _publish_soon(self) -> None:
+        self._scheduled = False
+        self.publish()
+
+    def publish(self, force: bool = False) -> None:
+        fleet = self.gw.fleet
+        if fleet.version == self._sent_version and not force:
+            return
+        now = clock.monotonic()
+        frame = encode(ViewUpdate(export(fleet, now)))
+        self._sent_version = fleet.version
+        self._sent_at = now
+        for s in self.slots:
+            if s.writer is not None:
+                send_frame(s.writer, frame)
+
+    def ejected(self, backend: str, cause: str) -> None:
+        frame = encode(Ejected(backend, cause))
+        for s in self.slots:
+            if s.writer is not None:
+                send_frame(s.writer, frame)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PUBLISH_POLL_S)
+            self.publish(force=clock.monotonic() - self._sent_at >= PUBLISH_EVERY_S)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def start(self) -> None:
+        """Start every worker; return once all listen (or raise after START_TIMEOUT_S)."""
+        self._spawn_task(self._publish_loop(), "publish")
+        for s in self.slots:
+            self._spawn_task(self._keep(s), f"worker-{s.index}")
+        async with asyncio.timeout(START_TIMEOUT_S):
+            for s in self.slots:
+                await s.ready.wait()
+
+    async def _keep(self, s: Slot) -> None:
+        """Run worker slot `s` until shutdown, replacing it whenever it exits unasked."""
+        pause = RESTART_MIN_S
+        while not self.stopping:
+            try:
+                await self._run(s)
+            except Exception:
+                log.exception("worker %d: could not run", s.index)
+            s.writer = None
+            s.ready.clear()  # set again by the replacement's Ready
+            self.table.clear_row(s.index)
+            self.merge.retire(s.index)
+            s.requests = s.queue_depth = 0
+            if self.stopping:
+                return
+            code = s.proc.returncode if s.proc is not None else None
+            how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            self.gw.events.record(
+                f"worker-{s.index}", "running", "restarting",
+                f"proxy worker {s.index} (pid {s.pid}) exited unasked ({how}); starting another",
+                {"pid": s.pid, "returncode": code}, "worker",
+            )  # fmt: skip
+            s.restarts += 1
+            if clock.monotonic() - s.started >= STABLE_AFTER_S:
+                pause = RESTART_MIN_S
+            await asyncio.sleep(pause)
+            pause = min(RESTART_MAX_S, pause * 2)
+
+    async def _run(self, s: Slot) -> None:
+        parent, child = socket.socketpair()
+        try:
+            s.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pulsegate.cluster.worker",
+                "--channel-fd", str(child.fileno()), "--inflight-fd", str(self.table.fd),
+                "--parent", str(os.getpid()),
+                pass_fds=(child.fileno(), self.table.fd),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            child.close()
+        s.started = clock.monotonic()
+        s.pid = s.proc.pid
+        reader, writer = await asyncio.open_unix_connection(sock=parent)
+        cfg = self.gw.config
+        hello = Hello(
+            config=cfg,
+            slot=s.index,
+            port=self.port,
+            admin_socket=self.admin_socket,
+            rows=self.table.rows,
+            backends=self.table.names,
+            view=export(self.gw.fleet, clock.monotonic()),
+        )
+        send(writer, hello)
+        s.writer = writer  # from here on it gets every view and ejection
+        try:
+            await self._serve(s, reader)
+        finally:
+            s.writer = None
+            writer.close()
+            await s.proc.wait()
+            log.info("worker %d (pid %d) exited with %s", s.index, s.pid, s.proc.returncode)
+
+    async def _serve(self, s: Slot, reader: asyncio.StreamReader) -> None:
+        gw = self.gw
+        report = gw.report
+        while True:
+            try:
+                msg = await receive(reader)
+            except ChannelClosed:
+                return
+            if isinstance(msg, Outcomes):
+                for item in msg.items:
+                    name, obs = unpack(item)
+                    report(name, obs)
+                    if type(obs) is FirstByteOverdue and gw.prober is not None:
+                        gw.prober.poke(name)
+                # Frames already buffered are read without suspending: let the probers and
+                # the admin API run between batches, however far behind the workers are.
+                await asyncio.sleep(0)
+            elif isinstance(msg, Stats):
+                self.merge.update(s.index, msg.metrics)
+                hist = msg.metrics.get("pulsegate_request_seconds", {})
+                s.requests = sum(sum(c) for c, _ in hist.values())
+                s.queue_depth = msg.queue_depth
+                s.view_lag_s = msg.view_lag_s
+            elif isinstance(msg, Ready):
+                s.pid = msg.pid
+                s.ready.set()
+                log.info("worker %d (pid %d) listening", s.index, s.pid)
+
+    async def stop(self, grace: float) -> None:
+        """Every worker drains (up to `grace`) and exits; stragglers are killed."""
+        self.stopping = True
+        for s in self.slots:
+            if s.writer is not None:
+                send(s.writer, Stop())
+        procs = [s.proc for s in self.slots if s.proc is not None]
+        waits = [asyncio.ensure_future(p.wait()) for p in procs]
+        if waits:
+            _, late = await asyncio.wait(waits, timeout=grace + KILL_AFTER_S)
+            for p in procs:
+                if p.returncode is None:
+                    log.warning("worker pid %d still running after the grace; killing", p.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        p.kill()
+            if late:
+                await asyncio.wait(late, timeout=KILL_AFTER_S)
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- admin --------------------------------------------------------------------------------
+
+    async def workers_view(self, request: web.Request) -> web.StreamResponse:
+        """`GET /admin/workers`: one row per proxy worker."""
+        rows = [
+            {
+                "slot": s.index,
+                "pid": s.pid,
+                "ready": s.ready.is_set(),
+                "restarts": s.restarts,
+                "requests": s.requests,
+                "queue_depth": s.queue_depth,
+                "view_lag_ms": round(s.view_lag_s * 1000, 3),
+                "inflight": dict(zip(self.table.names, self._row(s.index), strict=True)),
+            }
+            for s in self.slots
+        ]
+        body = orjson.dumps({"pid": os.getpid(), "workers": rows})
+        return web.Response(body=body, content_type="application/json")
+
+    def _row(self, index: int) -> list[int]:
+        width = len(self.table.names)
+        return [self.table.cells[index * width + c] for c in range(width)]
+
+
+def _reserve_port(host: str, port: int) -> socket.socket:
+    """Bind (never listen on) the gateway's address with SO_REUSEPORT: the workers' listening
+    sockets join it, a restarted worker finds the port still ours, and port 0 is resolved."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(addr)
+    return sock
+
+
+async def run_cluster(cfg: Config) -> None:
+    """`pulsegate serve` with `gateway.workers` > 1; returns after a graceful shutdown."""
+    import gc
+
+    from pulsegate.app import build_app
+    from pulsegate.server import GC_GEN0
+
+    n = cfg.gateway.workers
+    table = InflightTable.create(n, [b.name for b in cfg.backends])
+    placeholder = _reserve_port(cfg.gateway.host, cfg.gateway.port)
+    port = placeholder.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="pulsegate-")
+    admin_socket = os.path.join(tmp, "primary.sock")
+    gw = PrimaryGateway(cfg, table)
+    sup = gw.cluster = Supervisor(gw, table, port, admin_socket)
+    app = build_app(gw, admin_extra=[("GET", "/admin/workers", sup.workers_view)])
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.UnixSite(runner, admin_socket, shutdown_timeout=1.0)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await site.start()
+        await gw.start()
+        gc.freeze()
+        gc.set_threshold(GC_GEN0, 10, 10)
+        await sup.start()
+        print(f"pulsegate listening on http://{cfg.gateway.host}:{port} ({n} workers)", flush=True)
+        await stop.wait()
+    finally:
+        gw.shutting_down = True
+        log.info("shutting down %d worker(s), grace %.1fs", n, cfg.streaming.shutdown_grace)
+        await sup.stop(cfg.streaming.shutdown_grace)
+        await runner.cleanup()
+        await gw.close()
+        placeholder.close()
+        table.close()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,293 @@
+"""A proxy worker: one of `gateway.workers` processes serving client traffic on the shared port.
+
+Started by the primary (`python -m pulsegate.cluster.worker`), never by hand. It gets its
+config, its slot and the current verdicts in the channel's first frame, binds the
+gateway's port with SO_REUSEPORT, and runs the ordinary proxy path (Forwarder, Relay,
+Balancer) against a `FleetMirror`. Observations go back to the primary instead of into a
+local health core; an `Ejected` notice does here what an ejection does in one process.
+
+It exits when the primary says `Stop`, on SIGTERM/SIGINT, and when the primary is gone
+(channel EOF, or PR_SET_PDEATHSIG): always through the same graceful shutdown as
+`pulsegate serve` (stop accepting, drain within `streaming.shutdown_grace`, end the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+import aiohttp
+from aiohttp import web
+
+from pulsegate import clock
+from pulsegate.app import build_app
+from pulsegate.cluster.channel import (
+    ChannelClosed,
+    Ejected,
+    Hello,
+    Outcomes,
+    Ready,
+    Stats,
+    Stop,
+    ViewUpdate,
+    pack,
+    receive,
+    send,
+)
+from pulsegate.cluster.metrics import STATS_INTERVAL_S, snapshot
+from pulsegate.cluster.mirror import FleetMirror, View
+from pulsegate.cluster.shared import InflightTable, RowCounts, Totals
+from pulsegate.config import Config
+from pulsegate.gateway import Gateway
+from pulsegate.health.observations import Observation, Outcome, RequestResult
+from pulsegate.health.verdict import Verdict
+from pulsegate.proxy.errors import error_response
+
+log = logging.getLogger("pulsegate.worker")
+
+# Successful outcomes wait at most this long to travel in a batch; anything else (a
+# failure, an overdue first byte, a broken stream) leaves on the loop's next turn, so
+# ejection by consecutive client failures is as quick as in one process.
+FLUSH_S = 0.01
+# While requests wait for capacity, how often to look for slots freed by other workers
+# (their releases wake only their own waiters); otherwise how often to look at all.
+RELEASE_POLL_S = 0.005
+IDLE_POLL_S = 0.05
+PRIMARY_TIMEOUT_S = 10.0
+# Request headers passed on to the primary for admin, metrics and dashboard requests.
+_TO_PRIMARY = ("authorization", "content-type", "accept")
+_FROM_PRIMARY = ("content-type", "retry-after", "cache-control")
+
+
+class WorkerGateway(Gateway):
+    """The proxy half of a Gateway: verdicts from the primary, outcomes back to it."""
+
+    fleet: FleetMirror  # type: ignore[assignment]
+
+    def __init__(
+        self, config: Config, table: InflightTable, slot: int, writer: asyncio.StreamWriter
+    ) -> None:
+        super().__init__(config)
+        self.fleet = FleetMirror()
+        self.slot = slot
+        self.table = table
+        self.own = RowCounts(table, slot)
+        self.inflight = self.own
+        self.load = Totals(table)
+        self._writer = writer
+        self._outbox: list[tuple[str, Observation]] = []
+        self._flush_at: asyncio.Handle | None = None
+        self.view_lag_s = 0.0
+
+    def apply(self, view: View) -> None:
+        self.fleet.apply(view)
+        self.view_lag_s = max(0.0, clock.monotonic() - view.sent)
+
+    # -- routing: gateway-wide max_inflight ---------------------------------------------------
+
+    def pick(self, model: str, tried: Sequence[str], session_key: str | None) -> Verdict | None:
+        verdict = super().pick(model, tried, session_key)
+        while verdict is not None and verdict.max_inflight > 0:
+            if self.own.reserve(verdict.name, verdict.max_inflight):
+                return verdict
+            # Another worker took the last slot between our read and our claim.
+            tried = [*tried, verdict.name]
+            verdict = super().pick(model, tried, session_key)
+        return verdict
+
+    # -- observations go to the primary's health core -----------------------------------------
+
+    def report(self, name: str, obs: Observation) -> None:
+        self._outbox.append((name, obs))
+        if type(obs) is RequestResult and obs.outcome is Outcome.OK:
+            if self._flush_at is None:
+                self._flush_at = asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
+        else:
+            if self._flush_at is not None:
+                self._flush_at.cancel()
+            self._flush_at = asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_at = None
+        if self._outbox:
+            send(self._writer, Outcomes([pack(name, obs) for name, obs in self._outbox]))
+            self._outbox = []
+
+    def send_stats(self) -> None:
+        send(self._writer, Stats(snapshot(self.registry), self.queue.depth, self.view_lag_s))
+
+    # -- drivers ------------------------------------------------------------------------------
+
+    def _start_health(self) -> None:
+        # No probers, alerts or health tick here: the primary runs them once for all workers.
+        self._spawn(self._stats_loop(), "worker-stats")
+        self._spawn(self._remote_release_loop(), "remote-releases")
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            self.send_stats()
+
+    async def _remote_release_loop(self) -> None:
+        """Wake a waiter for capacity when another worker frees a slot: a release wakes only
+        the waiters of the process that released."""
+        names = self.table.names
+        last: list[int] | None = None
+        while True:
+            await asyncio.sleep(RELEASE_POLL_S if self.queue.depth else IDLE_POLL_S)
+            if not self.queue.depth:
+                last = None
+                continue
+            now = self.table.others(self.slot)
+            for i, name in enumerate(names):
+                if last is None or now[i] < last[i]:
+                    self.queue.wake_for(self.fleet.backend_models(name))
+            last = now
+
+    async def close(self) -> None:
+        await super().close()
+        self.flush()
+        self.send_stats()
+
+
+class PrimaryRelay:
+    """Hands admin, metrics and dashboard requests to the primary's private Unix socket, so
+    they answer the same whichever worker the kernel gave the connection to."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=self._path),
+            timeout=aiohttp.ClientTimeout(total=PRIMARY_TIMEOUT_S),
+            auto_decompress=False,
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        body = await request.read()
+        headers = {k: v for k in _TO_PRIMARY if (v := request.headers.get(k)) is not None}
+        try:
+            async with self._session.request(
+                request.method, "http://primary" + request.raw_path, data=body, headers=headers
+            ) as r:
+                data = await r.read()
+                out = {k: v for k in _FROM_PRIMARY if (v := r.headers.get(k)) is not None}
+                return web.Response(status=r.status, body=data, headers=out)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            log.warning("primary did not answer %s %s: %s", request.method, request.path, e)
+            return error_response(
+                503, "the gateway's health process is not answering", "primary_unavailable"
+            )
+
+
+async def run_worker(channel_fd: int, inflight_fd: int) -> None:
+    from pulsegate.server import GC_GEN0, shutdown
+
+    sock = socket.socket(fileno=channel_fd)
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    hello = await receive(reader)
+    if not isinstance(hello, Hello):
+        raise RuntimeError(f"expected Hello, got {type(hello).__name__}")
+    cfg = hello.config
+    table = InflightTable(inflight_fd, hello.rows, hello.backends)
+    gw = WorkerGateway(cfg, table, hello.slot, writer)
+    gw.fleet.apply(hello.view)  # not `apply`: its delay includes this process's start-up
+    relay = PrimaryRelay(hello.admin_socket)
+    app = build_app(gw, to_primary=relay.handle)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(
+        runner, cfg.gateway.host, hello.port, shutdown_timeout=1.0, reuse_port=True, backlog=1024
+    )
+    await gw.start()
+    await relay.start()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0, 10, 10)
+    await site.start()
+    send(writer, Ready(os.getpid()))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    listener = loop.create_task(_listen(gw, reader, stop), name="from-primary")
+    try:
+        await stop.wait()
+    finally:
+        try:
+            await shutdown(gw, runner, site, cfg.streaming.shutdown_grace)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            await relay.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            writer.close()
+            table.close()
+
+
+async def _listen(gw: WorkerGateway, reader: asyncio.StreamReader, stop: asyncio.Event) -> None:
+    try:
+        while True:
+            msg = await receive(reader)
+            if isinstance(msg, ViewUpdate):
+                gw.apply(msg.view)
+            elif isinstance(msg, Ejected):
+                gw.cut_ejected(msg.backend, msg.cause)
+            elif isinstance(msg, Stop):
+                break
+    except ChannelClosed:
+        log.warning("worker %d: the primary is gone; shutting down", gw.slot)
+    stop.set()
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM when the primary dies, even by SIGKILL (Linux); the channel's EOF is the
+    portable fallback."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the primary died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pulsegate.cluster.worker", description=__doc__)
+    ap.add_argument("--channel-fd", type=int, required=True)
+    ap.add_argument("--inflight-fd", type=int, required=True)
+    ap.add_argument("--parent", type=int, required=True, help="the primary's PID")
+    args = ap.parse_args(argv)
+    from pulsegate.server import _install_uvloop
+
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s %(name)s[worker {os.getpid()}] %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    _die_with_parent(args.parent)
+    _install_uvloop()
+    asyncio.run(run_worker(args.channel_fd, args.inflight_fd))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
