@@ -24,7 +24,7 @@ from pulsegate.balancer import prefix_key
 from pulsegate.health.observations import Outcome, RequestResult
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
 from pulsegate.proxy.errors import error_body, error_response
-from pulsegate.proxy.relay import Relay, resume_unable
+from pulsegate.proxy.relay import Relay
 from pulsegate.proxy.stops import cut_answer, stop_strings
 from pulsegate.proxy.upstream import Response as UpstreamResponse
 from pulsegate.proxy.upstream import UpstreamError
@@ -32,6 +32,7 @@ from pulsegate.proxy.validate import fewer_choices, invalid_field
 
 if TYPE_CHECKING:
     from pulsegate.gateway import BackendRuntime, Gateway
+    from pulsegate.health.verdict import Verdict
 
 log = logging.getLogger("pulsegate.proxy")
 
@@ -67,6 +68,9 @@ class Forwarder:
         self.request_timeout = cfg.retry.request_timeout
         self.prefix_chars = cfg.routing.prefix_affinity_chars
         self.queue_timeout = cfg.routing.queue_timeout
+        # `resume: none`: an engine that cannot continue a stream is never a continuation
+        # target, whatever engine the stream broke on.
+        self.resume_unable = tuple(n for n, b in gw.backends.items() if b.resume == "none")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self.handle(request, CHAT)
@@ -281,6 +285,13 @@ class Forwarder:
             gw.report(name, _OK_NONSTREAM)
         return resp, data, resp.status
 
+    def pick_continuation(
+        self, model: str, tried: Sequence[str], session_key: str | None
+    ) -> Verdict | None:
+        """The backend a broken stream would continue on now: not tried yet for this request
+        and able to continue a stream."""
+        return self.gw.pick(model, [*tried, *self.resume_unable], session_key)
+
     async def reopen(
         self,
         path: str,
@@ -296,9 +307,8 @@ class Forwarder:
         On success the backend is acquired (in flight) and the caller must release it."""
         gw = self.gw
         last: Failure | None = None
-        unable = resume_unable(gw.backends)
         for _ in range(self.max_attempts):
-            verdict = gw.pick(model, [*tried, *unable], session_key)
+            verdict = self.pick_continuation(model, tried, session_key)
             if verdict is None:
                 break
             backend = gw.backends[verdict.name]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
@@ -49,12 +49,6 @@ EJECTED_STALL_S = 0.25
 # Counting the sent text's tokens on the continuation target: ~1-50 ms for vLLM; past this
 # the event count is used rather than delay the resume further.
 TOKENIZE_TIMEOUT_S = 2.0
-
-
-def resume_unable(backends: Mapping[str, BackendRuntime]) -> list[str]:
-    """Backends that cannot continue a stream (`resume: none`): never continuation targets,
-    whatever engine the stream broke on."""
-    return [n for n, b in backends.items() if b.resume == "none"]
 
 
 class Closable(Protocol):
@@ -261,8 +255,7 @@ class Relay:
         engine left on a starved box, docs/real-engines.md finding 6)."""
         if self._refusal() is not None:
             return False
-        exclude = [*self.tried, *resume_unable(self.gw.backends)]
-        return self.gw.pick(self.model, exclude, self.session_key) is not None
+        return self.fwd.pick_continuation(self.model, self.tried, self.session_key) is not None
 
     def _all_sent(self) -> bool:
         left = remaining_tokens(self.doc, self.state)

@@ -8,7 +8,7 @@ health. Only fields OpenAI defines are checked; unknown fields pass to the engin
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def invalid_field(doc: dict[str, Any], chat: bool) -> str | None:
 
 def fewer_choices(
     doc: dict[str, Any], model: str, backends: Iterable[BackendConfig]
-) -> tuple[list[str], str | None]:
+) -> tuple[Sequence[str], str | None]:
     """For `n > 1`: the backends for `model` that answer fewer than `n` choices (`max_n`),
     to be left out of routing, and why the request must be refused when that is every one.
 
@@ -70,7 +70,7 @@ def fewer_choices(
     choice silently. An `n` of 1 or none costs nothing here."""
     n = doc.get("n")
     if not isinstance(n, int) or n <= 1:
-        return [], None
+        return (), None
     serving = [b for b in backends if not b.models or model in b.models]
     unable = [b.name for b in serving if 0 < b.max_n < n]
     if serving and len(unable) == len(serving):
