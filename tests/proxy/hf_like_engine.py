@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import uuid
 
 from aiohttp import web
+from script_engines import serve
 
 MODEL = "demo-7b"
 WORDS = ["alpha", "beta", "gamma", "delta", "eps"]
@@ -62,20 +62,7 @@ def main() -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_post("/v1/completions", generate)
-
-    async def serve() -> None:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        print(f"hf-like engine listening on 127.0.0.1:{port}", flush=True)
-        await asyncio.Event().wait()
-
-    try:
-        asyncio.run(serve())
-    except KeyboardInterrupt:
-        sys.exit(0)
+    serve(app, "hf-like engine")
 
 
 if __name__ == "__main__":

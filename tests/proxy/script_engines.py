@@ -1,18 +1,42 @@
-"""Third-party engine stand-ins (hf_like_engine.py, vllm_like_engine.py) as processes.
+"""Third-party engine stand-ins (hf_like_engine.py, vllm_like_engine.py, stale_engine.py)
+as processes.
 
-Each prints `... listening on 127.0.0.1:PORT` once it serves; it is stopped by its PID.
+Each serves with `serve` below, which prints `... listening on 127.0.0.1:PORT` once it
+listens; `ScriptEngine` starts one and stops it by its PID.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from aiohttp import web
+
 HERE = Path(__file__).parent
 HF_LIKE = HERE / "hf_like_engine.py"
 VLLM_LIKE = HERE / "vllm_like_engine.py"
+STALE = HERE / "stale_engine.py"
+
+
+def serve(app: web.Application, label: str) -> None:
+    """In a stand-in's process: serve `app` on a free loopback port until signalled."""
+
+    async def run() -> None:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        print(f"{label} listening on 127.0.0.1:{port}", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        sys.exit(0)
 
 
 class ScriptEngine:

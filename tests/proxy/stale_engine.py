@@ -8,9 +8,9 @@ answered and what was dropped. Started as a process by `tests/proxy/test_upstrea
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from aiohttp import web
+from script_engines import serve
 
 MODEL = "demo-7b"
 answered = 0
@@ -59,20 +59,7 @@ def main() -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/stats", stats)
     app.router.add_post("/v1/chat/completions", generate)
-
-    async def serve() -> None:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        print(f"stale engine listening on 127.0.0.1:{port}", flush=True)
-        await asyncio.Event().wait()
-
-    try:
-        asyncio.run(serve())
-    except KeyboardInterrupt:
-        sys.exit(0)
+    serve(app, "stale engine")
 
 
 if __name__ == "__main__":

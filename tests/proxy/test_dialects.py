@@ -2,40 +2,26 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import openai
 import orjson
 import pytest
+from script_engines import HF_LIKE, ScriptEngine
 
 from support import Gateway, fast_probes, wait_until
 
-ENGINE = Path(__file__).with_name("hf_like_engine.py")
-
 
 @pytest.fixture
-def gw(start_gateway: Callable[..., Gateway]) -> Iterator[Gateway]:
-    proc = subprocess.Popen([sys.executable, str(ENGINE)], stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode()
-        url = "http://" + line.rsplit(" ", 1)[-1].strip()
-        g = start_gateway(
-            {"backends": [{"name": "hf", "url": url, "models": ["demo-7b"]}],
-             "probes": fast_probes()}
-        )  # fmt: skip
-        wait_until(lambda: g.backends()["hf"]["state"] == "ready", timeout=15, what="hf ready")
-        yield g
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-        if proc.stdout:
-            proc.stdout.close()
+def gw(start_engine: Callable[..., ScriptEngine], start_gateway: Callable[..., Gateway]) -> Gateway:
+    engine = start_engine(HF_LIKE)
+    g = start_gateway(
+        {"backends": [{"name": "hf", "url": engine.url, "models": ["demo-7b"]}],
+         "probes": fast_probes()}
+    )  # fmt: skip
+    wait_until(lambda: g.backends()["hf"]["state"] == "ready", timeout=15, what="hf ready")
+    return g
 
 
 def _events(gw: Gateway, body: dict[str, object]) -> list[bytes]:

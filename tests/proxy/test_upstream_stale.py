@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
-from script_engines import ScriptEngine
+from script_engines import STALE, ScriptEngine
 
 from support import Gateway, fast_probes
 
@@ -17,7 +16,7 @@ def test_gateway_retries_stale_connections_invisibly(
     """An engine that resets every reused connection still answers every request on the
     first attempt: the gateway's pool resends on a fresh connection, and the backend
     stays ready (a stale connection is not the engine's failure)."""
-    engine = start_engine(Path(__file__).parent / "stale_engine.py")
+    engine = start_engine(STALE)
     gw = start_gateway(
         {
             "backends": [{"name": "e", "url": engine.url, "models": ["demo-7b"]}],

@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import time
 import uuid
 from typing import Any
 
 import orjson
 from aiohttp import web
+from script_engines import serve
 
 MODEL = "demo-7b"
 _rng = random.Random(7)
@@ -134,20 +134,7 @@ def main() -> None:
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/v1/chat/completions", generate)
     app.router.add_post("/v1/completions", generate)
-
-    async def serve() -> None:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        print(f"vllm-like engine listening on 127.0.0.1:{port}", flush=True)
-        await asyncio.Event().wait()
-
-    try:
-        asyncio.run(serve())
-    except KeyboardInterrupt:
-        sys.exit(0)
+    serve(app, "vllm-like engine")
 
 
 if __name__ == "__main__":
