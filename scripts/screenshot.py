@@ -17,13 +17,14 @@ import argparse
 import json
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from pulsegate.announce import read_until
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -44,22 +45,9 @@ MAX_BYTES = 300_000
 def gateway_url(proc: subprocess.Popen[bytes], timeout: float) -> str:
     """Read the demo's stdout until it prints the gateway URL."""
     assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    buf = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if sel.select(timeout=0.2):
-                chunk = os.read(proc.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                buf += chunk
-                m = GATEWAY.search(buf)
-                if m:
-                    return m.group(1).decode()
-    finally:
-        sel.close()
+    m, buf = read_until(proc.stdout, GATEWAY, timeout, proc)
+    if m:
+        return m.group(1).decode()
     raise SystemExit(f"the demo did not start: {buf.decode(errors='replace')}")
 
 

@@ -8,8 +8,6 @@ Nothing here sleeps to let things settle: `wait_until` polls a condition with a 
 from __future__ import annotations
 
 import os
-import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -21,8 +19,9 @@ from typing import Any, TypeVar
 import httpx
 import yaml
 
+from pulsegate.announce import LISTENING, host_port, read_until
+
 T = TypeVar("T")
-_URL = re.compile(rb"listening on (http://)?([\w.\-\[\]]+):(\d+)")
 
 
 def wait_until(
@@ -65,23 +64,9 @@ class Proc:
 
     def _read_address(self, timeout: float) -> tuple[str, int]:
         assert self.popen.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.popen.stdout, selectors.EVENT_READ)
-        buf = b""
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    continue
-                chunk = os.read(self.popen.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                buf += chunk
-                m = _URL.search(buf)
-                if m:
-                    return m.group(2).decode().strip("[]"), int(m.group(3))
-        finally:
-            sel.close()
+        m, buf = read_until(self.popen.stdout, LISTENING, timeout)
+        if m:
+            return host_port(m)
         self.stop()
         raise RuntimeError(
             f"{self.args[0]} did not start: stdout={buf!r} log={self.log_path.read_text()[-2000:]}"

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
-import selectors
 import signal
 import socket
 import subprocess
@@ -21,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from pulsegate.announce import LISTENING, host_port, read_until
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-_ANNOUNCE = re.compile(rb"listening on (?:http://)?([\w.\-]+):(\d+)")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -105,26 +104,12 @@ class Procs:
 def _read_port(child: Child, timeout: float) -> int:
     p = child.popen
     assert p.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(p.stdout, selectors.EVENT_READ)
-    buf = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                continue
-            chunk = os.read(p.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-            if m := _ANNOUNCE.search(buf):
-                child.fh.write(buf)
-                # Keep draining stdout so a chatty child never blocks on a full pipe.
-                threading.Thread(target=_drain, args=(p.stdout, child.fh), daemon=True).start()
-                return int(m[2])
-    finally:
-        sel.close()
+    m, buf = read_until(p.stdout, LISTENING, timeout)
     child.fh.write(buf)
+    if m:
+        # Keep draining stdout so a chatty child never blocks on a full pipe.
+        threading.Thread(target=_drain, args=(p.stdout, child.fh), daemon=True).start()
+        return host_port(m)[1]
     child.fh.flush()
     tail = child.log.read_text(errors="replace")[-2000:]
     raise RuntimeError(f"{child.name} did not announce its port within {timeout:g}s:\n{tail}")

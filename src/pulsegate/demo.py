@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-_LISTEN = re.compile(r"listening on (?:http://)?([\w.\-]+):(\d+)")
+from pulsegate.announce import LISTENING, host_port, read_until
 
 # The fault cycle, in order: (backend, POST /sim/fault body, words for the operator).
 FAULTS: tuple[tuple[str, dict[str, Any], str], ...] = (
@@ -73,14 +72,10 @@ class Demo:
 
     def _address(self, child: Child, timeout: float = 30.0) -> str:
         assert child.popen.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = child.popen.stdout.readline().decode(errors="replace")
-            if not line:
-                break
-            m = _LISTEN.search(line)
-            if m:
-                return f"http://{m.group(1)}:{m.group(2)}"
+        m, _ = read_until(child.popen.stdout, LISTENING, timeout)
+        if m:
+            host, port = host_port(m)
+            return f"http://{host}:{port}"
         raise RuntimeError(f"{child.name} did not start; see {self.tmp}/{child.name}.log")
 
     def stop_all(self) -> None:
