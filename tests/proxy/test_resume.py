@@ -247,9 +247,14 @@ def test_stalled_stream_with_nowhere_to_go_ends_at_the_request_deadline(
     """A stream of the only backend that stops for good is cut at the request's own deadline
     (retry.request_timeout), not at the first stall, and ends with an error event."""
     sim = start_sim("only", "--ttft-ms", "1", "--itl-ms", "10")
-    # The stall fault also stalls the canary (which would eject the backend, and an ejected
+    # The stall fault also stalls the probes, which would eject the backend (and an ejected
     # backend's idle stream is cut at once: the test below); here only the deadline acts.
-    probes = {**fast_probes(), "canary": {"interval": "1h", "timeout": "250ms"}}
+    fast = fast_probes()
+    probes = {
+        **fast,
+        "canary": {"interval": "1h", "timeout": "250ms"},
+        "micro_inference": {**fast["micro_inference"], "failures_to_eject": 100},
+    }
     gw = start_gateway(
         {
             "backends": [backend_entry(sim)],
