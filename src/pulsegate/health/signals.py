@@ -347,7 +347,8 @@ class Signals:
             "gpu_total_mb": self.gpu_total_mb.fresh(now),
             "gpu_temp_c": self.gpu_temp_c.fresh(now),
             "gpu_util": self.gpu_util.fresh(now),
-            "kv_cache_usage": _round(self.kv_cache_usage(now), 4),
+            # 6 digits: a small model's cache in use is ~1e-5 of vLLM's; never shown as 0.
+            "kv_cache_usage": _round(self.kv_cache_usage(now), 6),
             "prefix_cache_hit_rate": _round(self.prefix_cache_hit_rate(now), 4),
             "heartbeat_misses": self.heartbeat_misses if self.heartbeats_seen else None,
             "consecutive_failures": self.request_failures,
