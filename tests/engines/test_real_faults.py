@@ -154,9 +154,11 @@ def pair(pool: EnginePool) -> Iterator[Gateway]:
 
 
 TOKENS = 800
-# Chunks the client has read when the engine is killed. Late enough that vLLM has usually
-# sent some chunks carrying several tokens (it merges outputs when its API loop lags the
-# engine): the continuation must still start at the right token.
+# Tokens (characters: one token each with this tokenizer) the client has read when the
+# engine is killed. Late enough that vLLM has usually sent some chunks carrying several
+# tokens (it merges outputs when its API loop lags the engine): the continuation must still
+# start at the right token. Counted in tokens, not chunks: when vLLM merged heavily, 200
+# chunks were once all 800 tokens, the kill came after the generation and nothing resumed.
 KILL_AFTER = 200
 
 
@@ -185,9 +187,15 @@ def test_killed_vllm_stream_resumes_whole(pool: EnginePool, pair: Gateway) -> No
     with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         serving = r.headers["x-pulsegate-backend"]
+        received = 0
         for ev in _events(r):
             events.append(ev)
-            if killed is None and len(events) == KILL_AFTER:
+            if killed is None and ev != b"[DONE]":
+                obj = orjson.loads(ev)
+                received += sum(
+                    len(ch["delta"].get("content") or "") for ch in obj.get("choices") or ()
+                )
+            if killed is None and received >= KILL_AFTER:
                 killed = time.time()
                 pool.engines[serving].kill()
     assert killed is not None, "the stream ended before the kill"
@@ -201,7 +209,7 @@ def test_killed_vllm_stream_resumes_whole(pool: EnginePool, pair: Gateway) -> No
         "vLLM SIGKILLed mid-stream",
         {
             "tokens asked / received": f"{TOKENS} / {len(text)}",
-            "chunks before the kill": KILL_AFTER,
+            "tokens before the kill": KILL_AFTER,
             "usage": usage,
             "resumes": _metric(gw, "pulsegate_stream_resumes_total"),
             "kill -> ejected (ms)": _detection(gw, serving, killed),
