@@ -55,7 +55,7 @@ def test_vllm_metrics_become_backend_signals(
 def test_running_and_kv_cache_follow_real_load(
     pool: EnginePool, start_gateway: Callable[..., Gateway]
 ) -> None:
-    """While four long generations run on vLLM, the gateway sees running >= 1 and a KV cache
+    """While eight long generations run on vLLM, the gateway sees running >= 1 and a KV cache
     that is in use; both fall back to zero when they end."""
     a = pool.get("vllm-a")
     gw = start_gateway(gateway_config(backend(a)))
@@ -63,23 +63,31 @@ def test_running_and_kv_cache_follow_real_load(
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "hello world"}],
-        "max_tokens": 1500,
+        "max_tokens": 1900,
         "temperature": 0,
     }
 
     def generate() -> None:
         httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=120)
 
-    threads = [threading.Thread(target=generate) for _ in range(4)]
+    # ~15k tokens: 25 s of work at the ~600 tokens/s of a quiet box. Four of 1,500 were done
+    # in ~5 s, when a scrape or two may time out on the busy engine and none saw them run.
+    threads = [threading.Thread(target=generate) for _ in range(8)]
     for t in threads:
         t.start()
+    seen: list[tuple[Any, Any]] = []
+
+    def busy_now() -> dict[str, Any] | None:
+        s = signals(gw, "vllm-a")
+        seen.append((s["running"], s["kv_cache_usage"]))
+        return s if s["running"] and s["kv_cache_usage"] else None
+
     try:
         busy = wait_until(
-            lambda: (s := signals(gw, "vllm-a"))["running"] and s["kv_cache_usage"] and s,
-            timeout=30,
-            interval=0.05,
-            what="running > 0 and KV cache in use",
+            busy_now, timeout=30, interval=0.05, what="running > 0 and KV cache in use"
         )
+    except AssertionError as e:
+        raise AssertionError(f"{e}; (running, kv) seen: {sorted(set(seen), key=str)}") from e
     finally:
         for t in threads:
             t.join()
@@ -89,7 +97,7 @@ def test_running_and_kv_cache_follow_real_load(
         what="running and KV cache back to 0",
     )
     record_figures(
-        "vLLM engine signals under 4 long generations",
+        "vLLM engine signals under 8 long generations",
         {
             "busy running / kv_cache_usage": f"{busy['running']} / {busy['kv_cache_usage']:.5f}",
             "idle running / kv_cache_usage": f"{idle['running']} / {idle['kv_cache_usage']}",

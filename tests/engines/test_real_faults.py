@@ -153,7 +153,9 @@ def pair(pool: EnginePool) -> Iterator[Gateway]:
         gw.stop()
 
 
-TOKENS = 800
+# Long enough that the kill lands mid-generation: on a quiet box vLLM makes ~600 tokens/s,
+# and an 800-token answer was sometimes complete (and on its way) before the kill.
+TOKENS = 1500
 # Tokens (characters: one token each with this tokenizer) the client has read when the
 # engine is killed. Late enough that vLLM has usually sent some chunks carrying several
 # tokens (it merges outputs when its API loop lags the engine): the continuation must still
