@@ -196,6 +196,22 @@ def vllm_command(port: int, model_dir: Path = MODEL_DIR) -> tuple[list[str], dic
     return cmd, env, ROOT
 
 
+# Engines run at the lowest CPU priority. On this two-core box a busy CPU vLLM otherwise
+# starves every other process of normal priority for seconds at a time (measured: a 50 ms
+# sleeper woke 3-12 s late while vLLM generated; an equal CPU hog in a loop causes none of
+# that), and the gateway, the agent and the test client are those processes: the gateway then
+# sees its own stall as the engine's (docs/real-engines.md, finding 12). On a real node the
+# engine computes on a GPU and the gateway runs elsewhere. With autogroup scheduling
+# (Linux's default), the session's group weight is what counts, not the processes' own
+# nice, so both are set: the engine's session is its own autogroup (start_new_session).
+ENGINE_NICE = 19
+
+
+def _nice_autogroup(pid: int) -> None:
+    with contextlib.suppress(OSError):  # no autogroup here: `nice -n` alone serves
+        Path(f"/proc/{pid}/autogroup").write_text(f"{ENGINE_NICE}\n")
+
+
 @dataclass
 class Engine:
     """One engine process on a loopback port, in its own process group."""
@@ -228,7 +244,7 @@ class Engine:
             log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n".encode())
             log.flush()
             self.popen = subprocess.Popen(
-                cmd,
+                ["nice", "-n", str(ENGINE_NICE), *cmd],  # vLLM's workers inherit it
                 cwd=cwd,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                 stdin=subprocess.DEVNULL,
@@ -236,6 +252,7 @@ class Engine:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: stop() takes the children
             )
+        _nice_autogroup(self.popen.pid)
         self.started_at = time.monotonic()
         self.ready_s = None
         return self
