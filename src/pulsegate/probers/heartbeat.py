@@ -39,8 +39,9 @@ backoff (50 ms doubling to 2 s, each delay drawn from [d/2, d]). A reconnect wit
 miss budget is therefore no ejection. A stream with no pong for `stale_after` seconds
 (a half-open TCP connection) is abandoned and re-dialled.
 
-If the gateway's own event loop stalls past a deadline, the miss is re-checked 2 ms later,
-after pongs already received have been read: a gateway pause must not eject every backend.
+If the gateway's own event loop stalls (`pulsegate.stall`), the deadline is pushed back by
+the stall, and a deadline that fires late is re-checked 2 ms later, after pongs already
+received have been read: a gateway pause must not eject every backend.
 
 Cost: the stream is `agent.grpc_lite.GrpcStream` (gRPC framing written straight to the
 socket) rather than grpc.aio, whose per-message overhead cost 14 % of a core for 100
@@ -58,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pulsegate import clock as _clock
+from pulsegate import stall
 from pulsegate.agent.grpc_lite import GrpcStream, open_stream, split_target
 from pulsegate.agent.wire import SERVICE_NAME, facts_from_pong, pb
 from pulsegate.config import HeartbeatConfig, MicroInferenceConfig
@@ -89,7 +91,7 @@ _MICRO = pb.Ping.MICRO_INFERENCE
 class _Pending:
     sent_at: float  # clock()
     handle: asyncio.TimerHandle | None
-    rechecked: bool = False
+    extensions: int = 0  # times the deadline was pushed back for our own stall
 
 
 class HeartbeatClient:
@@ -322,7 +324,8 @@ class HeartbeatClient:
         )
         if not stream.send(ping.SerializeToString()):
             return  # back-pressure is the heartbeat's to report; try again next round
-        handle = loop.call_later(self.micro.timeout, self._micro_timeout, seq)
+        start = loop.time()
+        handle = loop.call_at(start + self.micro.timeout, self._micro_timeout, seq, start)
         self._micro_pending[seq] = _Pending(sent_at, handle)
 
     def _confirm(self) -> None:
@@ -353,11 +356,17 @@ class HeartbeatClient:
             return
         loop = self._loop
         assert loop is not None
-        if not p.rechecked and loop.time() - deadline > _LAG_TOLERANCE_S:
-            # Our loop was stalled: a pong may be sitting unread. Look again once it is read.
-            p.rechecked = True
-            p.handle = loop.call_later(_RECHECK_S, self._late, seq, float("inf"))
-            return
+        now = loop.time()
+        if p.extensions < stall.MAX_EXTENSIONS:
+            # Time our own loop stood still since the ping does not count against the agent:
+            # its pong may be sitting unread. Look again once that time has been made up.
+            timeout = self.cfg.timeout
+            start = deadline - timeout
+            left = timeout - ((now - start) - stall.watch().stalled(start, now))
+            if left > 1e-3 or now - deadline > _LAG_TOLERANCE_S:
+                p.extensions += 1
+                p.handle = loop.call_at(now + max(left, _RECHECK_S), self._late, seq, deadline)
+                return
         del self._pending[seq]
         self._misses += 1
         self._emit(Heartbeat(None, reason="late"))
@@ -431,9 +440,23 @@ class HeartbeatClient:
         latency = pong.latency_ms / 1e3 if pong.HasField("latency_ms") else None
         self._emit(ProbeResult(ProbeKind.MICRO, pong.ok, latency, pong.error))
 
-    def _micro_timeout(self, seq: int) -> None:
-        if self._micro_pending.pop(seq, None) is None:
+    def _micro_timeout(self, seq: int, start: float) -> None:
+        p = self._micro_pending.get(seq)
+        if p is None:
             return
+        loop = self._loop
+        assert loop is not None
+        if p.extensions < stall.MAX_EXTENSIONS:
+            # Our own stall since the request is not the engine's slowness (pulsegate.stall).
+            now = loop.time()
+            left = self.micro.timeout - ((now - start) - stall.watch().stalled(start, now))
+            if left > 1e-3:
+                p.extensions += 1
+                p.handle = loop.call_at(
+                    now + max(left, _RECHECK_S), self._micro_timeout, seq, start
+                )
+                return
+        del self._micro_pending[seq]
         reason = f"timeout after {self.micro.timeout:.3g}s (no answer through the agent)"
         self._emit(ProbeResult(ProbeKind.MICRO, False, None, reason))
 

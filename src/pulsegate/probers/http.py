@@ -1,9 +1,12 @@
 """The probers' one HTTP seam: a probe-only session, one bounded request, failures named once.
 
 Every active probe goes through `fetch`: one request under one hard deadline that covers
-pool wait, connect, send, response headers and the (capped) body. Transport errors are
-translated here, and only here, into the short reasons the health core logs and alerts
-with ("timeout after 350ms", "connection refused", "HTTP 500: CUDA out of memory").
+pool wait, connect, send, response headers and the (capped) body. The deadline counts time
+this process was running (`pulsegate.stall`): a stall of the gateway's own event loop
+pushes it back, so a backend that answered in time is never failed for our pause.
+Transport errors are translated here, and only here, into the short reasons the health
+core logs and alerts with ("timeout after 350ms", "connection refused", "HTTP 500: CUDA
+out of memory").
 
 Connection hygiene: a request that fails mid-flight (deadline, reset, short body) never
 goes back to the pool - aiohttp closes a connection whose response was not read to the
@@ -13,13 +16,14 @@ behind a blackholed send cannot poison the next probe.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
+
+from pulsegate import stall
 
 PROBE_HEADER = "x-pulsegate-probe"
 USER_AGENT = "pulsegate-prober/0.1"
@@ -84,7 +88,7 @@ async def fetch(
     if body is not None:
         hdrs["Content-Type"] = "application/json"
     t0 = clock()
-    async with asyncio.timeout(timeout_s):
+    async with stall.timeout(timeout_s):
         resp = await session.request(method, url, data=body, headers=hdrs, allow_redirects=False)
         try:
             headers_s = clock() - t0
