@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from pulsegate import clock
+from pulsegate import stall as loop_stall
 from pulsegate.balancer import Balancer
 from pulsegate.baselines import Baseline, BaselineEvent
 from pulsegate.capacity import CapacityQueue
@@ -148,6 +149,16 @@ class Gateway:
         self.m_rtt: Histogram = r.histogram(
             "pulsegate_heartbeat_rtt_seconds", "Heartbeat round-trip time", ("backend",)
         )
+        self.m_probe_failures: Counter = r.counter(
+            "pulsegate_probe_failures_total",
+            "Active probes that failed (no answer in time, refused, error status)",
+            ("backend", "kind"),
+        )
+        self.m_heartbeat_misses: Counter = r.counter(
+            "pulsegate_heartbeat_misses_total",
+            "Heartbeats missed, by reason",
+            ("backend", "reason"),
+        )
         r.add(Gauge("pulsegate_backend_score", "Health score 0-100", ("backend",), self._scores))
         r.add(
             Gauge(
@@ -256,10 +267,16 @@ class Gateway:
 
     def report(self, name: str, obs: Observation) -> None:
         """Feed one observation to the health core and act on what it decides."""
-        if type(obs) is ProbeResult and obs.latency_s is not None:
-            self.m_probe.observe(obs.latency_s, (name, obs.kind.value))
-        elif type(obs) is Heartbeat and obs.rtt_s is not None:
-            self.m_rtt.observe(obs.rtt_s, (name,))
+        if type(obs) is ProbeResult:
+            if obs.latency_s is not None:
+                self.m_probe.observe(obs.latency_s, (name, obs.kind.value))
+            if not obs.ok:
+                self.m_probe_failures.inc((name, obs.kind.value))
+        elif type(obs) is Heartbeat:
+            if obs.rtt_s is not None:
+                self.m_rtt.observe(obs.rtt_s, (name,))
+            else:
+                self.m_heartbeat_misses.inc((name, obs.reason or "late"))
         if self.baseline is not None:
             self._baseline_events(self.baseline.observe(name, obs, clock.monotonic()))
             return
@@ -422,9 +439,14 @@ class Gateway:
         for name, waiting in self._waiting.items():
             if not waiting:
                 continue
-            oldest = now - min(waiting.values())
+            since = min(waiting.values())
+            oldest = now - since
             usual = self.fleet.usual_ttft(name, now) or 0.0
             limit = max(OVERDUE_FLOOR_S, OVERDUE_FACTOR * usual)
+            if oldest < limit:
+                continue
+            # Time our own loop stood still is not the backend's delay (pulsegate.stall).
+            oldest -= loop_stall.watch().stalled(since, now)
             if oldest < limit:
                 continue
             # Report at most once per limit period per backend: it is evidence, not a flood.
@@ -451,6 +473,9 @@ class Gateway:
 
     async def start(self) -> None:
         cfg = self.config
+        # Measure this process's own stalls from the start: deadlines that judge backends
+        # discount them, and a stall before the first question must be known too.
+        loop_stall.watch()
         # The proxy path's client (per-backend keep-alive pools); the aiohttp session below
         # serves probes, alerts and the baseline poll loop.
         self.upstream = Upstream(cfg.retry.connect_timeout)

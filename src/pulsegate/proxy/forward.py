@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from pulsegate import clock
+from pulsegate import stall as loop_stall
 from pulsegate.balancer import prefix_key
 from pulsegate.health.observations import Outcome, RequestResult
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
@@ -269,6 +270,10 @@ class Forwarder:
             # Unwatched before reporting: the report may eject this backend, and the cut of
             # its pending attempts must not reach this one, which is already done.
             gw.unwatch_pending(name, cm)
+            if isinstance(e, TimeoutError) and _own_stall(t0, deadline):
+                # Our own loop stood still for part of the wait: the attempt moves on, but
+                # the backend is not blamed for time we were not running (pulsegate.stall).
+                return Failure(outcome, None, f"{name}: {describe(e)} (gateway stalled)")
             gw.report(name, RequestResult(outcome, None, None))
             return Failure(outcome, None, f"{name}: {describe(e)}")
         finally:
@@ -427,3 +432,10 @@ def _final_error(model: str, tried: list[str], last: Failure | None) -> web.Resp
         "upstream_failed",
         headers,
     )
+
+
+def _own_stall(t0: float, deadline: float) -> bool:
+    """The deadline since `t0` ran out only because this process's loop was stalled."""
+    now = clock.monotonic()
+    excused = loop_stall.watch().excuse(t0, now)
+    return excused > 0.0 and now - t0 - excused < deadline

@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from pulsegate import stall as loop_stall
 from pulsegate.health.observations import FirstByteOverdue, Outcome, RequestResult
 from pulsegate.proxy.classify import describe
 from pulsegate.proxy.errors import sse_error_event
@@ -104,8 +105,14 @@ class Watchdog:
     def _check(self) -> None:
         now = self._loop.time()
         idle = now - self.last
+        if idle >= self.stall:
+            # Time our own loop stood still is not the engine's silence: its tokens may be
+            # sitting unread (pulsegate.stall).
+            idle -= loop_stall.watch().stalled(self.last, now)
         if idle < self.stall:
-            self._handle = self._loop.call_later(self.stall - idle, self._check)
+            self._handle = self._loop.call_later(
+                max(self.stall - idle, loop_stall.RECHECK_S), self._check
+            )
         elif self._may_cut is None or self._may_cut():
             self.cut(f"{self._hint}: no token for {idle * 1000:.0f}ms")
         elif now >= self._deadline:
