@@ -8,15 +8,15 @@ looks stalled - on every backend at once. Counting those would eject a healthy f
 panic mode because of the gateway's own hiccup (docs/real-engines.md, findings 8 and 12).
 
 `LoopWatch` is one repeating timer per event loop (every `TICK_S`), started by
-`Gateway.start` in the gateway and in each proxy worker (else on first use): each tick that fires more
-than `STALL_MIN_S` after it was due records a stall, `[due, fired]`. `stalled(since)` says
-how many seconds of stall overlap `[since, now]`, including one still in progress (our own
-tick overdue right now: the loop has just woken, and the callback asking may run before our
-tick does). Deadlines use it through `excuse(started)`: the stall time since `started`, or 0
-below `STALL_MIN_S`. A deadline that finds an excuse is pushed back by it (at most
-`MAX_EXTENSIONS` times) instead of firing: the backend gets the time it was promised, in
-time during which we were actually running. The answer that arrived meanwhile is read
-first, so a backend that answered in time is seen as such.
+`Gateway.start` in the gateway and in each proxy worker (else on first use): each tick that
+fires more than `STALL_MIN_S` after it was due records a stall, `[due, fired]`.
+`stalled(since)` says how many seconds of stall overlap `[since, now]`, including one still
+in progress (our own tick overdue right now: the loop has just woken, and the callback
+asking may run before our tick does). A deadline that judges a backend counts only the time
+the loop was running: when it expires after a stall of ours it is pushed back by the stall
+(at most `MAX_EXTENSIONS` times), so the backend gets the time it was promised, and the
+answer that arrived meanwhile is read first. `timeout(seconds)` is that for `async with`;
+the heartbeat, the stream watchdog and the first-byte watch use `stalled` directly.
 
 Cost: one timer callback every 20 ms (~50 per second, a few microseconds each) and a
 bounded deque; asking is O(stalls recorded in the last minute), normally zero.
