@@ -474,6 +474,51 @@ def test_probation_fails_when_latency_stays_high(ready3: Harness) -> None:
     assert "latency still 3.0x baseline" in fails[0].reason
 
 
+def test_probation_passes_when_the_whole_pool_is_as_slow(ready3: Harness) -> None:
+    """3x its own baseline, but so are its peers serving meanwhile: the slowdown is shared
+    (load, a common network path), and this backend is no worse than what already serves.
+    The same 3x with fast peers fails (the test above)."""
+    h = ready3
+    _eject_a(h)
+    slow = ProbeResult(ProbeKind.MICRO, ok=True, latency_s=0.15)
+
+    def everyone_slow(h: Harness) -> None:
+        if abs(h.now - round(h.now)) < 1e-6:
+            for name in ("a", "b", "c"):
+                h.obs(name, READY)
+                h.obs(name, slow)
+
+    h.run(100.0, everyone_slow)
+    assert not [t for t in h.log if t.event is Event.PROBATION_FAILED]
+    passed = [t for t in h.log if t.event is Event.PROBATION_PASSED]
+    assert len(passed) == 1
+    assert "3.00x baseline but 150 ms against its peers' 150 ms" in passed[0].reason
+    assert "the slowdown is shared" in passed[0].reason
+    assert h.state("a") is State.READY
+
+
+def test_probation_fails_when_slower_than_its_slow_peers(ready3: Harness) -> None:
+    """Peers slowed to 1.5x their baselines (75 ms); this one at 3x (150 ms) is 2x slower
+    than they are: its slowness is its own."""
+    h = ready3
+    _eject_a(h)
+    own = ProbeResult(ProbeKind.MICRO, ok=True, latency_s=0.15)
+    peers = ProbeResult(ProbeKind.MICRO, ok=True, latency_s=0.075)
+
+    def pool_slow_a_slower(h: Harness) -> None:
+        if abs(h.now - round(h.now)) < 1e-6:
+            h.obs("a", READY)
+            h.obs("a", own)
+            for name in ("b", "c"):
+                h.obs(name, peers)
+
+    h.run(100.0, pool_slow_a_slower)
+    fails = [t for t in h.log if t.event is Event.PROBATION_FAILED]
+    assert fails
+    assert "latency still 3.0x baseline" in fails[0].reason
+    assert "its peers answer in 75 ms" in fails[0].reason
+
+
 def test_heartbeat_death_during_probation_fails_it(ready3: Harness) -> None:
     """A dead heartbeat during probation ejects again."""
     h = ready3

@@ -80,3 +80,19 @@ def test_ramp_monotone_and_full_only_after_duration(
         else:
             assert r == 1.0
         prev = r
+
+
+def test_shortfall_forgives_a_slowdown_its_peers_share() -> None:
+    p = Probation(duration=1.0, ramp_step=0.1, require_micro=False)
+    # 3x its own baseline, at 150 ms: peers at 120 ms excuse it, peers at 90 ms do not.
+    assert p.shortfall(3.0, 0.15, 0.12) is None
+    assert p.excused_by_peers(3.0, 0.15, 0.12)
+    why = p.shortfall(3.0, 0.15, 0.09)
+    assert why is not None and "3.0x baseline" in why and "peers answer in 90 ms" in why
+    # No peer, or no own latency: the own baseline alone decides.
+    assert p.shortfall(3.0, 0.15, None) is not None
+    assert p.shortfall(3.0, None, 0.2) is not None
+    # Under the tolerance there is nothing to excuse.
+    assert p.shortfall(1.2, 0.5, 0.1) is None
+    assert not p.excused_by_peers(1.2, 0.5, 0.1)
+

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pulsegate.config import MAX_INFLIGHT_AUTO, BackendConfig, HealthConfig, ProbesConfig
 from pulsegate.health import conditions
@@ -110,6 +110,10 @@ class BackendHealth:
         self.probation = Probation(
             health.probation.duration, health.probation.ramp_step, require_micro_for_ready
         )
+        # The median smoothed probe latency of the peers in service for the same models, set
+        # by the fleet: a probation judged slow against its own baseline passes when it is as
+        # fast as they are (the slowdown is shared, not its own). None: no peer to compare.
+        self.peer_latency: Callable[[float], float | None] = _no_peers
         self.state = State.COLD
         self.since = now
         self.last_cause = ""
@@ -522,10 +526,18 @@ class BackendHealth:
                 self._publish()
             return _NOTHING
         ratio = self.signals.latency_ratio(now)
-        shortfall = p.shortfall(ratio)
+        own = self.signals.latency_s(now)
+        peers = self.peer_latency(now) if own is not None else None
+        shortfall = p.shortfall(ratio, own, peers)
         if shortfall is not None:
             return self._eject(now, Event.PROBATION_FAILED, "probation", shortfall)
         lat = "unknown" if ratio is None else f"{ratio:.2f}x baseline"
+        if p.excused_by_peers(ratio, own, peers):
+            assert own is not None and peers is not None
+            lat += (
+                f" but {own * 1000:.0f} ms against its peers' {peers * 1000:.0f} ms "
+                "(the slowdown is shared)"
+            )
         return (
             self._move(
                 Event.PROBATION_PASSED,
@@ -684,3 +696,7 @@ class BackendHealth:
         if v != self._verdict:
             self._verdict = v
             self.version += 1
+
+
+def _no_peers(now: float) -> float | None:
+    return None

@@ -16,7 +16,9 @@ with `take_panic_changes()`.
 
 from __future__ import annotations
 
+import functools
 import random
+import statistics
 from collections.abc import Iterable, Sequence
 
 from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
@@ -55,6 +57,8 @@ class Fleet:
             raise ValueError("backend names must be unique")
         self._groups: dict[str, tuple[BackendHealth, ...]] = {}
         self._regroup()
+        for b in self._order:
+            b.peer_latency = functools.partial(self._peer_latency, b)
         self.version = 0  # moves whenever any verdict or the panic set changes
         self._cache: dict[str | None, tuple[int, tuple[Verdict, ...]]] = {}
         self._panic: set[str] = set()
@@ -236,6 +240,23 @@ class Fleet:
             for m in b.models:
                 groups.setdefault(m, []).append(b)
         self._groups = {m: tuple(bs) for m, bs in sorted(groups.items())}
+
+    def _peer_latency(self, b: BackendHealth, now: float) -> float | None:
+        """The median smoothed probe latency of `b`'s peers serving traffic (ready or
+        degraded) for any model `b` serves; None without one. Asked at the end of a
+        probation, not per request."""
+        seen: set[str] = {b.name}
+        values: list[float] = []
+        for m in b.models:
+            for p in self._groups.get(m, ()):
+                if p.name in seen:
+                    continue
+                seen.add(p.name)
+                if p.state is State.READY or p.state is State.DEGRADED:
+                    v = p.signals.latency_s(now)
+                    if v is not None:
+                        values.append(v)
+        return statistics.median(values) if values else None
 
     def _over_threshold(self, group: Sequence[BackendHealth]) -> tuple[bool, int, int]:
         total = 0

@@ -2,8 +2,10 @@
 
 For `duration` seconds after rejoining, every micro-inference must succeed (the rules fail
 probation on the first failure of any kind) and at the end the smoothed latency must be back
-under baseline x 1.5. Meanwhile traffic ramps: the ramp factor starts at `ramp_step` and grows
-by `ramp_step` every `duration x ramp_step` seconds, reaching 1.0 exactly at `duration`.
+under baseline x 1.5 - or within 1.5x of its peers' latency, when the whole pool is slower
+than its baselines (see `shortfall`). Meanwhile traffic ramps: the ramp factor starts at
+`ramp_step` and grows by `ramp_step` every `duration x ramp_step` seconds, reaching 1.0
+exactly at `duration`.
 
 Worked example with the defaults (60 s, 0.01): k whole steps of 0.6 s have passed after
 k x 0.6 s and the factor is max(0.01, 0.01 x k): 0.01 until 1.2 s, 0.02 at 1.2 s, 0.50 at 30 s,
@@ -66,16 +68,41 @@ class Probation:
         k = int(self.elapsed(now) * self._steps / self.duration) + 1
         return min(self.started + self.duration, self.started + k * self.duration / self._steps)
 
-    def shortfall(self, latency_ratio: float | None) -> str | None:
+    def shortfall(
+        self,
+        latency_ratio: float | None,
+        own_s: float | None = None,
+        peers_s: float | None = None,
+    ) -> str | None:
         """Why the period may not pass at its end, or None if it may.
 
         An unknown latency ratio is no evidence against; a required micro-inference that never
-        ran is (a recovered node must prove its compute pipeline, R8)."""
+        ran is (a recovered node must prove its compute pipeline, R8). Latency over its own
+        baseline x 1.5 fails, unless the backend's smoothed probe latency `own_s` is within
+        1.5x of `peers_s`, the median of its peers in service: then the whole pool is slower
+        (load, a shared network path) and this backend is no worse than what already serves.
+        """
         if self.require_micro and self.micro_ok == 0:
             return "no micro-inference succeeded during probation"
-        if latency_ratio is not None and latency_ratio > LATENCY_TOLERANCE:
-            return (
-                f"latency still {latency_ratio:.1f}x baseline at the end of probation "
-                f"(must be under {LATENCY_TOLERANCE:g}x)"
-            )
-        return None
+        if latency_ratio is None or latency_ratio <= LATENCY_TOLERANCE:
+            return None
+        if self.excused_by_peers(latency_ratio, own_s, peers_s):
+            return None
+        peers = "" if peers_s is None else f"; its peers answer in {peers_s * 1000:.0f} ms"
+        return (
+            f"latency still {latency_ratio:.1f}x baseline at the end of probation "
+            f"(must be under {LATENCY_TOLERANCE:g}x){peers}"
+        )
+
+    @staticmethod
+    def excused_by_peers(
+        latency_ratio: float | None, own_s: float | None, peers_s: float | None
+    ) -> bool:
+        """Slow against its own baseline, but within 1.5x of its peers in service."""
+        return (
+            latency_ratio is not None
+            and latency_ratio > LATENCY_TOLERANCE
+            and own_s is not None
+            and peers_s is not None
+            and own_s <= LATENCY_TOLERANCE * peers_s
+        )
