@@ -162,6 +162,16 @@ class Gateway:
         r.add(Gauge("pulsegate_backend_score", "Health score 0-100", ("backend",), self._scores))
         r.add(
             Gauge(
+                "pulsegate_event_loop_stall_seconds_total",
+                "Time this gateway's event loop stood still (ticks over 40 ms late); deadlines "
+                "that passed meanwhile are not held against backends",
+                (),
+                _stall_seconds,
+                kind="counter",
+            )
+        )
+        r.add(
+            Gauge(
                 "pulsegate_backend_state",
                 "1 for the backend's current state",
                 ("backend", "state"),
@@ -593,3 +603,7 @@ class Gateway:
                 state=state, weight=0.0 if state == "ejected" else 1.0, mode=self.baseline.mode
             )
         return view
+
+
+def _stall_seconds() -> Iterable[tuple[tuple[str, ...], float]]:
+    yield (), loop_stall.watch().total_s

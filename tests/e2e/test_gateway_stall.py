@@ -131,6 +131,8 @@ def test_a_paused_gateway_blames_no_backend(
         reader.join(30)
     assert done.is_set() and not errors, errors
     assert _metric(gw, "pulsegate_stream_resumes_total") == 0  # not cut as "stalled"
+    # The pause is measured, and operators can see it: at least the pause, about it.
+    assert PAUSE_S - 0.1 <= _metric(gw, "pulsegate_event_loop_stall_seconds_total") < PAUSE_S + 1
 
     # A wrong verdict would come from the probes that were in flight during the pause, or
     # from those right after it: wait until two more rounds of each have been answered.

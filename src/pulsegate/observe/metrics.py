@@ -83,7 +83,8 @@ class Histogram:
 
 
 class Gauge:
-    """A gauge whose samples are computed at scrape time by `collect`."""
+    """A gauge whose samples are computed at scrape time by `collect` (`kind="counter"`: a
+    counter kept elsewhere, read at scrape time)."""
 
     def __init__(
         self,
@@ -91,12 +92,14 @@ class Gauge:
         doc: str,
         labels: tuple[str, ...],
         collect: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
+        kind: str = "gauge",
     ) -> None:
         self.name, self.doc, self.labelnames, self.collect = name, doc, labels, collect
+        self.kind = kind
 
     def render(self) -> Iterable[str]:
         yield f"# HELP {self.name} {self.doc}"
-        yield f"# TYPE {self.name} gauge"
+        yield f"# TYPE {self.name} {self.kind}"
         for k, v in self.collect():
             yield f"{self.name}{_labels(self.labelnames, k)} {v:g}"
 
