@@ -95,4 +95,3 @@ def test_shortfall_forgives_a_slowdown_its_peers_share() -> None:
     # Under the tolerance there is nothing to excuse.
     assert p.shortfall(1.2, 0.5, 0.1) is None
     assert not p.excused_by_peers(1.2, 0.5, 0.1)
-
