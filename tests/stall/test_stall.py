@@ -82,7 +82,7 @@ async def test_a_blocked_loop_is_a_stall_even_before_the_watch_ticks() -> None:
     assert w.excuse(t0) == pytest.approx(w.stalled(t0), abs=0.01)
     before = w.count
     await asyncio.sleep(0.05)
-    assert w.count == before + 1
+    assert w.count >= before + 1  # (a loaded box may add one of its own)
     assert 0.25 <= w.longest_s <= 0.5
     assert 0.25 <= w.stalled(t0) <= 0.5
     # Nothing stood still after it.
@@ -90,11 +90,22 @@ async def test_a_blocked_loop_is_a_stall_even_before_the_watch_ticks() -> None:
 
 
 async def test_a_running_loop_records_no_stall() -> None:
+    """Timer jitter is not a stall. A window in which this process really was descheduled
+    (a loaded box: one of our own sleeps came back over 20 ms late) proves nothing either
+    way, so the test looks for a clean one, five windows at most."""
     w = stall.watch()
     loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    for _ in range(20):
-        await asyncio.sleep(0.01)
+    for _ in range(5):
+        t0 = loop.time()
+        worst = 0.0
+        for _ in range(20):
+            t = loop.time()
+            await asyncio.sleep(0.01)
+            worst = max(worst, loop.time() - t - 0.01)
+        if worst < 0.02:
+            break
+    else:
+        pytest.fail("no quiet 0.2 s window in five: this process keeps being descheduled")
     assert w.excuse(t0) == 0.0
     assert stall.running(t0, loop.time()) == pytest.approx(loop.time() - t0, abs=0.01)
 
