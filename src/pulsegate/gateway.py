@@ -456,7 +456,7 @@ class Gateway:
             if oldest < limit:
                 continue
             # Time our own loop stood still is not the backend's delay (pulsegate.stall).
-            oldest -= loop_stall.watch().stalled(since, now)
+            oldest = loop_stall.running(since, now)
             if oldest < limit:
                 continue
             # Report at most once per limit period per backend: it is evidence, not a flood.

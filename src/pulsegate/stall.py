@@ -15,8 +15,9 @@ in progress (our own tick overdue right now: the loop has just woken, and the ca
 asking may run before our tick does). A deadline that judges a backend counts only the time
 the loop was running: when it expires after a stall of ours it is pushed back by the stall
 (at most `MAX_EXTENSIONS` times), so the backend gets the time it was promised, and the
-answer that arrived meanwhile is read first. `timeout(seconds)` is that for `async with`;
-the heartbeat, the stream watchdog and the first-byte watch use `stalled` directly.
+answer that arrived meanwhile is read first. `look_again` is that rule for a timer callback
+(the heartbeat's deadlines), `timeout(seconds)` the same for `async with` (probes);
+`running` is the time since an instant less our stalls (stream watchdog, first-byte watch).
 
 Cost: one timer callback every 20 ms (~50 per second, a few microseconds each) and a
 bounded deque; asking is O(stalls recorded in the last minute), normally zero.
@@ -28,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator
 
 log = logging.getLogger("pulsegate.stall")
@@ -146,28 +148,44 @@ def running(since: float, now: float) -> float:
     return (now - since) - watch().stalled(since, now)
 
 
+def look_again(
+    start: float, seconds: float, now: float, extensions: int, late_s: float = math.inf
+) -> float | None:
+    """When to look again at a deadline of `seconds` from `start` (loop time) that came due
+    at `now`, or None: it has expired. The time our loop stood still since `start` does not
+    count, so the deadline is pushed back by it, at most `MAX_EXTENSIONS` times (the caller
+    counts `extensions`). With `late_s`, a timer that fired more than that late is looked at
+    once more `RECHECK_S` later too: a stall too short to be recorded may still hide an
+    unread answer."""
+    if extensions >= MAX_EXTENSIONS:
+        return None
+    left = seconds - running(start, now)
+    if left > 1e-3 or now - (start + seconds) > late_s:
+        # At least a loop turn away: data already in the socket is read first.
+        return now + max(left, RECHECK_S)
+    return None
+
+
 class _Expiry:
     """The timer behind `timeout`: pushes the deadline back by our own stalls, then expires."""
 
-    __slots__ = ("_cm", "_loop", "_seconds", "_start", "_watch", "extensions", "handle")
+    __slots__ = ("_cm", "_loop", "_seconds", "_start", "extensions", "handle")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, cm: asyncio.Timeout, seconds: float
     ) -> None:
         self._loop, self._cm, self._seconds = loop, cm, seconds
-        self._watch = watch()
+        watch()  # measuring from now on, if nothing started it yet
         self._start = loop.time()
         self.extensions = 0
         self.handle = loop.call_at(self._start + seconds, self._fire)
 
     def _fire(self) -> None:
         now = self._loop.time()
-        ran = (now - self._start) - self._watch.stalled(self._start, now)
-        left = self._seconds - ran
-        if left > 1e-3 and self.extensions < MAX_EXTENSIONS:
+        again = look_again(self._start, self._seconds, now, self.extensions)
+        if again is not None:
             self.extensions += 1
-            # At least a loop turn away: data already in the socket is read first.
-            self.handle = self._loop.call_at(now + max(left, RECHECK_S), self._fire)
+            self.handle = self._loop.call_at(again, self._fire)
             return
         self._cm.reschedule(now)
 

@@ -79,7 +79,6 @@ BACKOFF_CAP_S = 2.0
 CONNECT_TIMEOUT_S = 1.0
 # A deadline timer that fires this late means our own loop was stalled: re-check first.
 _LAG_TOLERANCE_S = 0.01
-_RECHECK_S = 0.002
 # The agent gives up on the engine a little before we give up on the agent, so its answer
 # (with the engine's error) arrives before our own deadline.
 _AGENT_TIMEOUT_SHARE = 0.9
@@ -356,17 +355,16 @@ class HeartbeatClient:
             return
         loop = self._loop
         assert loop is not None
-        now = loop.time()
-        if p.extensions < stall.MAX_EXTENSIONS:
-            # Time our own loop stood still since the ping does not count against the agent:
-            # its pong may be sitting unread. Look again once that time has been made up.
-            timeout = self.cfg.timeout
-            start = deadline - timeout
-            left = timeout - ((now - start) - stall.watch().stalled(start, now))
-            if left > 1e-3 or now - deadline > _LAG_TOLERANCE_S:
-                p.extensions += 1
-                p.handle = loop.call_at(now + max(left, _RECHECK_S), self._late, seq, deadline)
-                return
+        # Time our own loop stood still since the ping does not count against the agent:
+        # its pong may be sitting unread. Look again once that time has been made up.
+        timeout = self.cfg.timeout
+        again = stall.look_again(
+            deadline - timeout, timeout, loop.time(), p.extensions, _LAG_TOLERANCE_S
+        )
+        if again is not None:
+            p.extensions += 1
+            p.handle = loop.call_at(again, self._late, seq, deadline)
+            return
         del self._pending[seq]
         self._misses += 1
         self._emit(Heartbeat(None, reason="late"))
@@ -446,16 +444,12 @@ class HeartbeatClient:
             return
         loop = self._loop
         assert loop is not None
-        if p.extensions < stall.MAX_EXTENSIONS:
-            # Our own stall since the request is not the engine's slowness (pulsegate.stall).
-            now = loop.time()
-            left = self.micro.timeout - ((now - start) - stall.watch().stalled(start, now))
-            if left > 1e-3:
-                p.extensions += 1
-                p.handle = loop.call_at(
-                    now + max(left, _RECHECK_S), self._micro_timeout, seq, start
-                )
-                return
+        # Our own stall since the request is not the engine's slowness (pulsegate.stall).
+        again = stall.look_again(start, self.micro.timeout, loop.time(), p.extensions)
+        if again is not None:
+            p.extensions += 1
+            p.handle = loop.call_at(again, self._micro_timeout, seq, start)
+            return
         del self._micro_pending[seq]
         reason = f"timeout after {self.micro.timeout:.3g}s (no answer through the agent)"
         self._emit(ProbeResult(ProbeKind.MICRO, False, None, reason))

@@ -108,7 +108,7 @@ class Watchdog:
         if idle >= self.stall:
             # Time our own loop stood still is not the engine's silence: its tokens may be
             # sitting unread (pulsegate.stall).
-            idle -= loop_stall.watch().stalled(self.last, now)
+            idle = loop_stall.running(self.last, now)
         if idle < self.stall:
             self._handle = self._loop.call_later(
                 max(self.stall - idle, loop_stall.RECHECK_S), self._check
