@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -163,3 +163,13 @@ def fast_probes() -> dict[str, Any]:
 
 def backend_entry(sim: Sim, **extra: Any) -> dict[str, Any]:
     return {"name": sim.name, "url": sim.url, "models": ["demo-7b"], **extra}
+
+
+def sse_events(resp: httpx.Response) -> Iterator[bytes]:
+    """The raw events of a streamed response (`data: ...`), as they complete."""
+    buf = b""
+    for chunk in resp.iter_bytes():
+        buf += chunk
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            yield ev

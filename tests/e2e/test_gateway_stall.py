@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import orjson
 
-from support import Gateway, Proc, Sim, backend_entry, fast_probes, wait_until
+from support import Gateway, Proc, Sim, backend_entry, fast_probes, sse_events, wait_until
 
 PAUSE_S = 1.2
 TOKENS = 120
@@ -101,23 +101,19 @@ def test_a_paused_gateway_blames_no_backend(
 
     def read() -> None:
         with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=30) as resp:
-            buf = b""
-            for chunk in resp.iter_bytes():
-                buf += chunk
-                while b"\n\n" in buf:
-                    ev, buf = buf.split(b"\n\n", 1)
-                    data = ev.removeprefix(b"data: ")
-                    if data == b"[DONE]":
-                        done.set()
-                        continue
-                    obj = orjson.loads(data)
-                    if "error" in obj:
-                        errors.append(obj)
-                        continue
-                    for ch in obj["choices"]:
-                        pieces.append(ch["delta"].get("content") or "")
-                    if len(pieces) >= 20:
-                        started.set()
+            for ev in sse_events(resp):
+                data = ev.removeprefix(b"data: ")
+                if data == b"[DONE]":
+                    done.set()
+                    continue
+                obj = orjson.loads(data)
+                if "error" in obj:
+                    errors.append(obj)
+                    continue
+                for ch in obj["choices"]:
+                    pieces.append(ch["delta"].get("content") or "")
+                if len(pieces) >= 20:
+                    started.set()
 
     reader = threading.Thread(target=read)
     reader.start()

@@ -29,7 +29,7 @@ from engine_kit import (
     record_figures,
 )
 
-from support import Gateway, wait_until
+from support import Gateway, sse_events, wait_until
 
 ROUTABLE = {"ready", "degraded", "probation"}
 ENGINE_S = 240.0  # vLLM (re)start on a busy two-core box
@@ -302,9 +302,6 @@ def _metric(gw: Gateway, name: str) -> float:
 
 
 def _events(r: httpx.Response) -> Iterator[bytes]:
-    buf = b""
-    for chunk in r.iter_bytes():
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            yield ev.removeprefix(b"data: ")
+    """Each event's payload (`data: ` removed)."""
+    for ev in sse_events(r):
+        yield ev.removeprefix(b"data: ")

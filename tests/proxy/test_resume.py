@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -11,7 +11,7 @@ import orjson
 import pytest
 from script_engines import VLLM_LIKE, ScriptEngine
 
-from support import Gateway, Sim, backend_entry, fast_probes, wait_until
+from support import Gateway, Sim, backend_entry, fast_probes, sse_events, wait_until
 
 TOKENS = 60
 PROMPT = [{"role": "user", "content": "write a long story about gateways"}]
@@ -35,15 +35,6 @@ def _expected(sim: Sim, body: dict[str, Any]) -> str:
     """The uninterrupted text, asked directly of a healthy engine."""
     r = httpx.post(f"{sim.url}/v1/chat/completions", json={**body, "stream": False}, timeout=10)
     return r.json()["choices"][0]["message"]["content"]  # type: ignore[no-any-return]
-
-
-def _events(resp: httpx.Response) -> Iterator[bytes]:
-    buf = b""
-    for chunk in resp.iter_bytes():
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            yield ev
 
 
 def _break(sim: Sim, how: str) -> None:
@@ -74,7 +65,7 @@ def test_stream_survives_backend_failure(fleet: dict[str, Any], how: str) -> Non
     ) as resp:
         assert resp.status_code == 200
         first = resp.headers["x-pulsegate-backend"]
-        for ev in _events(resp):
+        for ev in sse_events(resp):
             data = ev.removeprefix(b"data: ")
             if data == b"[DONE]":
                 dones += 1
@@ -131,7 +122,7 @@ def test_constrained_decoding_is_not_resumed(fleet: dict[str, Any]) -> None:
     events = []
     with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=15) as resp:
         first = resp.headers["x-pulsegate-backend"]
-        for i, ev in enumerate(_events(resp)):
+        for i, ev in enumerate(sse_events(resp)):
             events.append(ev)
             if i == 5:
                 sims[first].kill()
@@ -146,7 +137,7 @@ def test_client_disconnect_cancels_upstream(fleet: dict[str, Any]) -> None:
     body = {"model": "demo-7b", "messages": PROMPT, "max_tokens": 2000, "stream": True}
     with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=15) as resp:
         first = resp.headers["x-pulsegate-backend"]
-        for i, _ in enumerate(_events(resp)):
+        for i, _ in enumerate(sse_events(resp)):
             if i == 3:
                 break
     wait_until(lambda: sims[first].stats()["inflight"] == 0, timeout=5, what="upstream freed")
@@ -165,7 +156,7 @@ def _read_stream(
         "POST", f"{gw.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30
     ) as resp:
         assert resp.status_code == 200
-        for ev in _events(resp):
+        for ev in sse_events(resp):
             events.append(ev)
             data = ev.removeprefix(b"data: ")
             if data != b"[DONE]":
