@@ -6,6 +6,9 @@ docs/architecture.md carries the health state diagram and transition table drawn
 `<!-- /generated:NAME -->`. After changing the table or the curves, regenerate with
 
     .venv/bin/python tests/observe/test_docs.py --write
+
+docs/requirements.md is written by hand: it must list every requirement id (R17) cited in
+src/pulsegate/ and docs/.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pulsegate.health.verdict import State
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 ARCHITECTURE = DOCS / "architecture.md"
 SIGNALS = DOCS / "signals.md"
+REQUIREMENTS = DOCS / "requirements.md"
+SRC = Path(__file__).resolve().parents[2] / "src" / "pulsegate"
 
 
 def state_diagram() -> str:
@@ -121,6 +126,38 @@ def test_dashboard_doc_exists() -> None:
     text = (DOCS / "dashboard.md").read_text()
     for needle in ("/dashboard", "pulsegate status", "deploy/grafana", "alerts.yml"):
         assert needle in text, needle
+
+
+# "R17", or a range "R24-R26" (which cites R25 too).
+_CITED = re.compile(r"\bR(\d+)(?:\s*[-\u2013]\s*R(\d+))?\b")
+_LISTED = re.compile(r"^\| R(\d+) \|", re.M)
+
+
+def cited_requirements() -> dict[int, str]:
+    """Each requirement number cited under src/pulsegate/ and docs/, with one file citing it."""
+    cited: dict[int, str] = {}
+    for root in (SRC, DOCS):
+        for path in sorted(root.rglob("*")):
+            if not path.is_file() or path == REQUIREMENTS or "__pycache__" in path.parts:
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue  # images and other binary files cite nothing
+            for m in _CITED.finditer(text):
+                lo = int(m.group(1))
+                for n in range(lo, int(m.group(2) or lo) + 1):
+                    cited.setdefault(n, str(path.relative_to(DOCS.parent)))
+    return cited
+
+
+def test_every_cited_requirement_is_listed() -> None:
+    """Every R<number> cited in src/pulsegate/ or docs/ has its row in docs/requirements.md."""
+    listed = {int(n) for n in _LISTED.findall(REQUIREMENTS.read_text())}
+    cited = cited_requirements()
+    assert cited, "no requirement ids found: the scan is broken"
+    missing = {f"R{n}": where for n, where in sorted(cited.items()) if n not in listed}
+    assert not missing, f"cited but not in docs/requirements.md: {missing}"
 
 
 if __name__ == "__main__":

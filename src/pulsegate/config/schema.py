@@ -1,0 +1,192 @@
+"""The configuration's shape: frozen, typed sections with their documented defaults.
+
+`Config` is the whole file; each other class is one YAML section (``probes.heartbeat`` is
+`HeartbeatConfig`). No parsing and no checks here: `pulsegate.config.loader` builds these from
+YAML and names each bad key. The health core and the balancer need only these types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# `max_inflight: auto`: follow the engine's batch capacity once it is known.
+MAX_INFLIGHT_AUTO = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    name: str
+    url: str
+    models: tuple[str, ...] = ()
+    zone: str = ""
+    region: str = ""
+    weight: float = 1.0
+    agent: str | None = None
+    metrics_path: str | None = None
+    api_key_env: str | None = None
+    # Most concurrent client requests the gateway sends this backend (0: no limit;
+    # MAX_INFLIGHT_AUTO, written `auto`: the engine's batch capacity once known).
+    max_inflight: int = 0
+    # How a broken stream is continued on this engine: "vllm" (continue_final_message) or "none".
+    resume: str = "vllm"
+    # Most choices (`n`) the engine really answers; 0: no limit. transformers serve ignores
+    # `n` and answers one choice: `max_n: 1` routes `n > 1` elsewhere (or refuses it, 400).
+    max_n: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    admin_token_env: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    workers: int = 1
+    # Plain, stateless `/health` polling and round-robin: the chaos lab's baselines.
+    mode: str = "pulsegate"
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatConfig:
+    interval: float = 0.1
+    timeout: float = 0.08
+    misses_to_dead: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ReadinessConfig:
+    interval: float = 10.0
+    interval_unstable: float = 2.0
+    timeout: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class MicroInferenceConfig:
+    interval: float = 3.0
+    jitter: float = 2.0
+    timeout: float = 2.0
+    failures_to_eject: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryConfig:
+    interval: float = 2.0
+    payload_bytes: int = 6144
+    timeout: float = 0.35
+    failures_to_isolate: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ProbesConfig:
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    readiness: ReadinessConfig = field(default_factory=ReadinessConfig)
+    micro_inference: MicroInferenceConfig = field(default_factory=MicroInferenceConfig)
+    canary: CanaryConfig = field(default_factory=CanaryConfig)
+    # Engine Prometheus scrape (queue, KV cache, GPU gauges); only for backends with metrics_path.
+    metrics_interval: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsConfig:
+    latency: float = 0.3
+    error_rate: float = 0.3
+    queue: float = 0.2
+    gpu_free: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class ProbationConfig:
+    duration: float = 60.0
+    ramp_step: float = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
+    eject_below: float = 30.0
+    eject_after: int = 3
+    # Score under this (or VRAM > 90% used, or KV cache > 95% full) marks a backend degraded:
+    # still routable, down-weighted. Back to ready 5 points above it.
+    degrade_below: float = 60.0
+    rejoin_above: float = 70.0
+    rejoin_after: int = 5
+    probation: ProbationConfig = field(default_factory=ProbationConfig)
+    max_ejected_fraction: float = 0.5
+    # How often the score is evaluated (one "evaluation" of eject_after / rejoin_after).
+    evaluate_interval: float = 1.0
+    # Consecutive connect errors / 5xx / first-byte timeouts on real traffic that eject at once.
+    consecutive_failures: int = 5
+    # Ejection backoff: base x n (n = ejections in a row), capped, plus jitter.
+    ejection_base: float = 5.0
+    ejection_max: float = 300.0
+    # EWMA smoothing factor for per-request and probe signals.
+    ewma_alpha: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    prefer_zone: str = ""
+    prefer_region: str = ""
+    # Bounded-load affinity: a backend above (1 + epsilon) x mean in-flight spills over.
+    # 1.0 (2x the mean) keeps >= 95% of a session's requests home at ~5 in flight per
+    # backend; 0.25 spills ~20% there (bench/routing.py, docs/routing.md).
+    affinity_epsilon: float = 1.0
+    prefix_affinity_chars: int = 0
+    queue_timeout: float = 2.0
+    queue_max: int = 1024
+    # Fewer ready backends than this for a model raises an alert and a metric (0: off).
+    min_ready: int = 0
+    min_ready_per_model: tuple[tuple[str, int], ...] = ()
+
+    def min_ready_for(self, model: str) -> int:
+        for m, n in self.min_ready_per_model:
+            if m == model:
+                return n
+        return self.min_ready
+
+
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    max_attempts: int = 3
+    budget_ratio: float = 0.2
+    # Retries always allowed per second on top of the ratio, so a quiet gateway can still retry.
+    budget_min_per_s: float = 10.0
+    # No response headers from a backend within this time: give up on it and try the next.
+    per_try_timeout: float = 5.0
+    # Non-streamed answers arrive whole: their first byte may take per_try_timeout plus this
+    # much per requested token (max_tokens), capped at request_timeout.
+    per_token_timeout: float = 0.1
+    request_timeout: float = 300.0
+    connect_timeout: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingConfig:
+    resume: bool = True
+    stall_timeout: float = 1.0
+    max_resumes: int = 2
+    shutdown_grace: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsConfig:
+    webhook: str | None = None
+    timeout: float = 2.0
+    retries: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    backends: tuple[BackendConfig, ...]
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    probes: ProbesConfig = field(default_factory=ProbesConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+
+    def backend(self, name: str) -> BackendConfig:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise KeyError(name)

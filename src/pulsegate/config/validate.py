@@ -1,0 +1,88 @@
+"""Cross-key checks: values that are each valid alone but contradict one another.
+
+Each function takes already-typed sections and returns its problems as ``(key, message)``
+pairs, the key relative to the section it was read from (`probes`, `health`, ... or the file's
+root for the `backends` checks). It records nothing itself: the loader adds the section's path
+and keeps every problem in the order the file is read, so `pulsegate check` lists them stably.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pulsegate.config.schema import (
+    BackendConfig,
+    Config,
+    GatewayConfig,
+    HealthConfig,
+    ProbesConfig,
+    WeightsConfig,
+)
+
+Problem = tuple[str, str]
+
+
+def backend_problems(backends: Sequence[BackendConfig]) -> list[Problem]:
+    """Two backends with one name (keys from the root: ``backends[2].name``)."""
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for i, b in enumerate(backends):
+        if b.name and b.name in seen:
+            problems.append(
+                (f"backends[{i}].name", f"duplicate of backends[{seen[b.name]}] ({b.name})")
+            )
+        seen.setdefault(b.name, i)
+    return problems
+
+
+def gateway_problems(g: GatewayConfig) -> list[Problem]:
+    """`workers` > 1 with a baseline `mode` (keys under `gateway`)."""
+    if g.workers > 1 and g.mode != "pulsegate":
+        # The baselines keep their verdicts in the proxy process itself: one process only.
+        return [("workers", f"must be 1 with gateway.mode '{g.mode}'")]
+    return []
+
+
+def probes_problems(p: ProbesConfig) -> list[Problem]:
+    """Probe timeouts that could never fire before the next probe (keys under `probes`)."""
+    problems: list[Problem] = []
+    hb, micro, canary = p.heartbeat, p.micro_inference, p.canary
+    if hb.timeout >= hb.interval * hb.misses_to_dead:
+        problems.append(("heartbeat.timeout", "must be shorter than interval x misses_to_dead"))
+    if micro.timeout > micro.interval:
+        problems.append(("micro_inference.timeout", "must not exceed micro_inference.interval"))
+    if canary.timeout > canary.interval:
+        problems.append(("canary.timeout", "must not exceed canary.interval"))
+    return problems
+
+
+def weights_problems(w: WeightsConfig) -> list[Problem]:
+    """All four score weights zero: no score at all (keys under `health`)."""
+    if w.latency + w.error_rate + w.queue + w.gpu_free <= 0:
+        return [("weights", "at least one weight must be positive")]
+    return []
+
+
+def health_problems(h: HealthConfig) -> list[Problem]:
+    """Hysteresis and backoff bounds the wrong way round (keys under `health`)."""
+    problems: list[Problem] = []
+    if h.rejoin_above <= h.eject_below:
+        problems.append(("rejoin_above", "must be greater than health.eject_below"))
+    if h.ejection_max < h.ejection_base:
+        problems.append(("ejection_max", "must not be less than health.ejection_base"))
+    return problems
+
+
+def mode_problems(cfg: Config) -> list[Problem]:
+    """Backends without `models` in a baseline mode (keys from the root)."""
+    if cfg.gateway.mode == "pulsegate":
+        return []
+    return [
+        (
+            f"backends[{i}].models",
+            f"required when gateway.mode is {cfg.gateway.mode} "
+            "(no probes discover models in a baseline mode)",
+        )
+        for i, b in enumerate(cfg.backends)
+        if not b.models
+    ]
