@@ -374,6 +374,24 @@ async def test_idle_connections_expire() -> None:
         await srv.close()
 
 
+async def test_idle_time_is_read_from_the_injected_clock() -> None:
+    """Idle time is `Upstream(now=...)`'s: reused at 9 s idle of 10, a fresh one at 10.5 s."""
+    t = 1000.0
+    srv = await start(answering())
+    up = Upstream(2.0, idle_timeout=10.0, now=lambda: t)
+    try:
+        pool = _pool(up, srv)
+        for idle in (0.0, 9.0, 10.5):
+            t += idle
+            resp = await pool.post("/v1/completions", b"{}")
+            assert await resp.read() == b'{"ok":true}'
+            resp.release()
+        assert (pool.connects, pool.reuses, srv.connections) == (2, 1, 2)
+    finally:
+        await up.close()
+        await srv.close()
+
+
 async def test_idle_count_is_bounded() -> None:
     """No more than `max_idle` connections wait in the pool; the most recent are kept."""
     release = asyncio.Event()
