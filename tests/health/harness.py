@@ -41,7 +41,6 @@ class Harness:
         names: Sequence[str] = ("a", "b", "c"),
         health: HealthConfig | None = None,
         probes: ProbesConfig | None = None,
-        require_micro: bool = False,
         models: Sequence[str] = ("m",),
         seed: int = 1,
         weights: dict[str, float] | None = None,
@@ -55,14 +54,7 @@ class Harness:
             for n in names
         ]
         self.now = 0.0
-        self.fleet = Fleet(
-            self.configs,
-            self.health,
-            self.probes,
-            random.Random(seed),
-            self.now,
-            require_micro_for_ready=require_micro,
-        )
+        self.fleet = Fleet(self.configs, self.health, self.probes, random.Random(seed), self.now)
         self.log: list[Transition] = []
 
     def obs(self, name: str, o: Observation) -> list[Transition]:
@@ -104,7 +96,8 @@ class Harness:
         return out
 
     def make_ready(self, *names: str) -> None:
-        """Readiness ok (and a micro-inference ok) for each named backend (all by default)."""
+        """Readiness ok and a micro-inference ok (both needed for ready) for each named backend
+        (all by default)."""
         for n in names or tuple(c.name for c in self.configs):
             self.obs(n, READY)
             self.obs(n, MICRO_OK)

@@ -14,6 +14,7 @@ from pulsegate.config import (
     ProbesConfig,
     parse_config,
 )
+from pulsegate.health.auto_limit import AutoLimit
 from pulsegate.health.fleet import Fleet
 from pulsegate.health.observations import EngineFacts, Heartbeat
 
@@ -69,3 +70,16 @@ def test_config_accepts_auto_and_names_the_key() -> None:
     with pytest.raises(ConfigError) as e:
         parse_config({"backends": [{"name": "a", **base, "max_inflight": "lots"}]})
     assert "backends[0].max_inflight" in str(e.value) and "'auto'" in str(e.value)
+
+
+def test_auto_limit_unit() -> None:
+    """AutoLimit: fixed limits never move; `auto` reports a change only when it learns one."""
+    fixed = AutoLimit(8)
+    assert fixed.value == 8
+    assert not fixed.learn(EngineFacts(capacity=64))
+    auto = AutoLimit(MAX_INFLIGHT_AUTO)
+    assert auto.value == 0
+    assert auto.learn(EngineFacts(running=4, queue_waiting=1))
+    assert not auto.learn(EngineFacts(running=4, queue_waiting=1))
+    assert not auto.learn(EngineFacts(running=3, queue_waiting=5))
+    assert auto.learn(EngineFacts(capacity=2)) and auto.value == 2

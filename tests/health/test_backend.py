@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pulsegate.config import WeightsConfig
-from pulsegate.health.backend import SUSPECT_FACTOR, Cadence
+from pulsegate.health.cadence import Cadence
 from pulsegate.health.machine import Event
 from pulsegate.health.observations import (
     EngineFacts,
@@ -17,6 +17,7 @@ from pulsegate.health.observations import (
     ProbeResult,
     RequestResult,
 )
+from pulsegate.health.suspect import SUSPECT_FACTOR
 from pulsegate.health.verdict import State
 
 from .harness import (
@@ -53,6 +54,7 @@ def test_cold_warming_ready() -> None:
     h.obs("a", NOT_READY)
     assert h.state("a") is State.WARMING
     assert routable_names(h) == set()
+    h.obs("a", MICRO_OK)
     h.obs("a", READY)
     assert h.state("a") is State.READY
     assert routable_names(h) == {"a"}
@@ -66,9 +68,9 @@ def test_unreachable_engine_stays_cold() -> None:
     assert h.state("a") is State.COLD
 
 
-def test_require_micro_for_ready() -> None:
-    """With micro probes required, readiness alone is not enough: a micro-inference must pass."""
-    h = Harness(require_micro=True)
+def test_ready_needs_a_micro_inference() -> None:
+    """Readiness alone is not enough: a micro-inference must pass."""
+    h = Harness()
     h.obs("a", READY)
     assert h.state("a") is State.COLD
     h.obs("a", MICRO_OK)
@@ -78,6 +80,7 @@ def test_require_micro_for_ready() -> None:
 def test_hard_evidence_blocks_ready() -> None:
     """An engine that says ready while its heartbeat is dead does not become ready."""
     h = Harness()
+    h.obs("a", MICRO_OK)
     h.feed("a", MISS, 3)
     h.obs("a", READY)
     assert h.state("a") is State.COLD
@@ -92,6 +95,7 @@ def test_not_ready_while_ready_stops_traffic_at_once(ready3: Harness) -> None:
     h.obs("a", NOT_READY)
     assert h.state("a") is State.WARMING
     assert "a" not in routable_names(h)
+    h.obs("a", MICRO_OK)
     h.obs("a", READY)
     assert h.state("a") is State.READY
 
@@ -170,7 +174,7 @@ def _bad_step(h: Harness) -> None:
 def test_eject_after_three_low_evaluations() -> None:
     """Score < 30 ejects on the third evaluation in a row, not before (cause score)."""
     h = Harness()
-    h.obs("a", READY)
+    h.make_ready("a")
     scores: list[float] = []
     for _ in range(10):
         h.now += 1.0
@@ -192,7 +196,7 @@ def test_low_score_interrupted_by_a_good_evaluation_never_ejects() -> None:
     """Bad, good, bad, good...: never three low evaluations in a row, never ejected."""
     only_queue = WeightsConfig(latency=0.0, error_rate=0.0, queue=1.0, gpu_free=0.0)
     h = Harness(health=health_with(weights=only_queue, evaluate_interval=5.0))
-    h.obs("a", READY)
+    h.make_ready("a")
     lows = 0
     for i in range(12):
         h.now += 5.0

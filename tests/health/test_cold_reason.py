@@ -10,7 +10,7 @@ from .harness import MICRO_FAIL, MICRO_OK, READY, Harness
 def test_cold_backend_failing_micro_inference_names_it() -> None:
     """Ready by /health but failing its micro-inference: still cold, and the reason says so;
     the next transition's reason replaces it."""
-    h = Harness(require_micro=True)
+    h = Harness()
     h.obs("a", READY)
     h.obs("a", MICRO_FAIL)
     assert h.state("a") is State.COLD

@@ -253,5 +253,6 @@ def test_routable_states_outside_panic(ready3: Harness) -> None:
         assert v.state in ROUTABLE
         assert v.weight > 0
     assert [v.name for v in h.fleet.routable("m")] == ["c"]
+    h.obs("b", MICRO_OK)
     h.obs("b", READY)
     assert {v.name for v in h.fleet.routable("m")} == {"b", "c"}

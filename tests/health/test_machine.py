@@ -7,11 +7,13 @@ import itertools
 import pytest
 
 from pulsegate.health.machine import (
+    FAILURE_EVENTS,
     TRANSITIONS,
     Event,
     IllegalTransition,
     allowed,
     edges,
+    failure_event,
     mermaid,
     transition,
 )
@@ -86,6 +88,19 @@ def test_cold_and_warming_never_enter_routable_except_through_ready_seen() -> No
         for e, to in TRANSITIONS[s].items():
             if to in ROUTABLE:
                 assert e is Event.READY_SEEN
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_hard_failure_ejects_exactly_the_routable_states(state: State) -> None:
+    """A hard failure ejects ready, degraded (HARD_FAILURE) and probation (PROBATION_FAILED)
+    backends, each by a legal move; in any other state it fires nothing."""
+    event = failure_event(state)
+    if state in ROUTABLE:
+        assert event is FAILURE_EVENTS[state]
+        assert event is (Event.PROBATION_FAILED if state is State.PROBATION else Event.HARD_FAILURE)
+        assert transition(state, event) is State.EJECTED
+    else:
+        assert event is None
 
 
 def test_mermaid_draws_every_edge() -> None:

@@ -11,7 +11,7 @@ from pulsegate.health.probation import Probation
 
 def test_ramp_worked_example() -> None:
     """60 s, 1% steps: 1% at start, 2% at 1.2 s, 50% at 30 s, 99% at 59.4 s, 100% at 60 s."""
-    p = Probation(60.0, 0.01, require_micro=False)
+    p = Probation(60.0, 0.01)
     p.start(100.0)
     assert p.ramp(100.0) == pytest.approx(0.01)
     assert p.ramp(100.7) == pytest.approx(0.01)
@@ -25,25 +25,26 @@ def test_ramp_worked_example() -> None:
 
 def test_next_step_at() -> None:
     """The next ramp change is one step (duration x ramp_step) later, the end at the latest."""
-    p = Probation(60.0, 0.01, require_micro=False)
+    p = Probation(60.0, 0.01)
     p.start(0.0)
     assert p.next_step_at(0.0) == pytest.approx(0.6)
     assert p.next_step_at(59.9) == pytest.approx(60.0)
 
 
-def test_shortfall_requires_a_micro_inference_when_configured() -> None:
-    """With micro probes required, a probation without a single micro success cannot pass."""
-    p = Probation(60.0, 0.01, require_micro=True)
+def test_shortfall_requires_a_micro_inference() -> None:
+    """A probation without a single micro-inference success cannot pass."""
+    p = Probation(60.0, 0.01)
     p.start(0.0)
     assert p.shortfall(1.0) is not None
-    p.micro_ok = 1
+    p.micro_passed()
     assert p.shortfall(1.0) is None
 
 
 def test_shortfall_latency_tolerance() -> None:
     """Latency must be back under 1.5x baseline; unknown latency is no evidence against."""
-    p = Probation(60.0, 0.01, require_micro=False)
+    p = Probation(60.0, 0.01)
     p.start(0.0)
+    p.micro_passed()
     assert p.shortfall(1.4) is None
     assert p.shortfall(None) is None
     why = p.shortfall(2.0)
@@ -53,7 +54,7 @@ def test_shortfall_latency_tolerance() -> None:
 
 def test_zero_duration_passes_at_once() -> None:
     """A zero-length probation is full ramp at once."""
-    p = Probation(0.0, 0.01, require_micro=False)
+    p = Probation(0.0, 0.01)
     p.start(5.0)
     assert p.done(5.0)
     assert p.ramp(5.0) == 1.0
@@ -68,7 +69,7 @@ def test_ramp_monotone_and_full_only_after_duration(
     duration: float, step: float, times: list[float]
 ) -> None:
     """The ramp never decreases, starts at ramp_step, and is 1.0 only once duration has passed."""
-    p = Probation(duration, step, require_micro=False)
+    p = Probation(duration, step)
     p.start(0.0)
     prev = 0.0
     for t in sorted(times):
@@ -83,7 +84,8 @@ def test_ramp_monotone_and_full_only_after_duration(
 
 
 def test_shortfall_forgives_a_slowdown_its_peers_share() -> None:
-    p = Probation(duration=1.0, ramp_step=0.1, require_micro=False)
+    p = Probation(duration=1.0, ramp_step=0.1)
+    p.micro_passed()
     # 3x its own baseline, at 150 ms: peers at 120 ms excuse it, peers at 90 ms do not.
     assert p.shortfall(3.0, 0.15, 0.12) is None
     assert p.excused_by_peers(3.0, 0.15, 0.12)

@@ -5,17 +5,20 @@ Kept apart from `backend.py` so each threshold, with its hysteresis, reads in on
 - hard evidence: a failure streak at its configured limit (heartbeat misses, micro-inference,
   canary, real requests) - ejects a routable backend at once and keeps any backend out of
   panic routing and out of `ready`;
+- score low: under `eject_below` and resting on at least two known dimensions;
 - degraded: score under the degrade line, VRAM more than 90% used (R24), KV cache more than
   95% full; cleared 5 score points above the line, at 12% free VRAM and 92% KV cache, so a
   gauge hovering on a line does not flip the state every evaluation;
-- clear to rejoin: the last heartbeat, micro-inference and canary answered, the engine ready,
-  some active probe succeeded since the ejection, VRAM at least 5% free (R5).
+- clear to rejoin: the last heartbeat, micro-inference and canary answered, the engine not
+  saying "not ready", a micro-inference passed since the ejection (`evidence`), VRAM at least
+  5% free (R5).
 """
 
 from __future__ import annotations
 
 from pulsegate.config import HealthConfig, ProbesConfig
-from pulsegate.health.score import GPU_FREE_MIN, ScoreInputs
+from pulsegate.health.evidence import Evidence
+from pulsegate.health.score import GPU_FREE_MIN, ScoreInputs, known_dimensions
 from pulsegate.health.signals import Signals
 
 DEGRADE_GPU_FREE = 0.10  # VRAM more than 90% used (R24)
@@ -23,6 +26,7 @@ RECOVER_GPU_FREE = 0.12
 DEGRADE_KV = 0.95
 RECOVER_KV = 0.92
 RECOVER_MARGIN = 5.0  # score points above the degrade line to count as recovered
+MIN_DIMENSIONS_TO_EJECT = 2  # one signal alone (say, the error rate) never ejects via the score
 
 
 def hard_evidence(s: Signals, health: HealthConfig, probes: ProbesConfig) -> str | None:
@@ -38,15 +42,24 @@ def hard_evidence(s: Signals, health: HealthConfig, probes: ProbesConfig) -> str
     return None
 
 
-def rejoin_blocker(
-    s: Signals,
-    now: float,
-    *,
-    engine_ready: bool | None,
-    probe_ok_since_eject: bool,
-    micro_ok_since_eject: bool,
-    require_micro: bool,
-) -> str | None:
+def score_low(score: float | None, inputs: ScoreInputs, health: HealthConfig) -> bool:
+    """The score is under `eject_below` and rests on at least two known dimensions: with the
+    error rate as the only signal the renormalised score is the error sub-score, and R17 says
+    error rate alone misjudges."""
+    return (
+        score is not None
+        and score < health.eject_below
+        and known_dimensions(inputs, health.weights) >= MIN_DIMENSIONS_TO_EJECT
+    )
+
+
+def quiet(s: Signals, suspect: bool, now: float, interval: float) -> bool:
+    """No failure within the last evaluation interval, and not suspect."""
+    last = s.last_failure_at
+    return not suspect and (last is None or now - last > interval)
+
+
+def rejoin_blocker(s: Signals, now: float, evidence: Evidence) -> str | None:
     """Why an ejected backend may not rejoin yet (in words), or None when evidence is clear."""
     if s.heartbeats_seen and s.heartbeat_misses > 0:
         return "heartbeat not answered"
@@ -54,11 +67,9 @@ def rejoin_blocker(
         return "last micro-inference failed"
     if s.canary_failures:
         return "last canary failed"
-    if engine_ready is False:
+    if evidence.not_ready:
         return "engine not ready"
-    if not probe_ok_since_eject:
-        return "no probe succeeded since the ejection"
-    if require_micro and not micro_ok_since_eject:
+    if not evidence.micro_ok_since_eject:
         return "no micro-inference succeeded since the ejection"
     gf = s.memory_free(now)
     if gf is not None and gf < GPU_FREE_MIN:

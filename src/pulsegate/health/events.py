@@ -19,9 +19,9 @@ class Transition:
     """A backend moved from one state to another.
 
     `cause` is a short, stable code naming why (use it as the metrics label):
-      to ejected:  heartbeat, canary, micro_inference, consecutive_failures, stalled, score,
-                   admin; from probation also request_failure, not_ready, probation (ended
-                   with latency too high or no micro-inference)
+      to ejected:  heartbeat, canary, micro_inference, consecutive_failures, stalled,
+                   engine_down, score, admin; from probation also request_failure, not_ready,
+                   probation (ended with latency too high or no micro-inference)
       other moves: ready, not_ready, degraded, cleared (degraded -> ready), rejoin
                    (ejected -> probation), recovered (probation -> ready), drain, undrain
     `reason` says the same in words, with the numbers ("canary failed 2x: timeout after

@@ -8,10 +8,10 @@ Panic (Envoy's panic threshold, per model): when more than `health.max_ejected_f
 model's in-service backends (ready, degraded, probation or ejected: cold, warming and drained
 ones are not counted) are ejected, the detector is more likely wrong -
 or the whole pool is sick - than the model unservable. The model's routable set then also
-holds its ejected backends that are not dead (no failure streak at its limit, engine ready,
-VRAM >= 5%), each flagged `panic=True` with its score-derived weight (at least 1%), so the
-least bad get the most. Entering and leaving panic are recorded as `PanicChange`s, collected
-with `take_panic_changes()`.
+holds its ejected backends that are not dead (no failure streak at its limit, the engine not
+saying "not ready", VRAM >= 5%), each flagged `panic=True` with its score-derived weight (at
+least 1%), so the least bad get the most. Entering and leaving panic are recorded as
+`PanicChange`s, collected with `take_panic_changes()`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
-from pulsegate.health.backend import BackendHealth, Cadence
+from pulsegate.health.backend import BackendHealth
+from pulsegate.health.cadence import Cadence
 from pulsegate.health.events import PanicChange, Transition
 from pulsegate.health.observations import Observation
 from pulsegate.health.verdict import State, Verdict
@@ -43,14 +44,10 @@ class Fleet:
         probes: ProbesConfig,
         rng: random.Random,
         now: float,
-        require_micro_for_ready: bool = False,
     ) -> None:
         self._health = health
         self._order: tuple[BackendHealth, ...] = tuple(
-            BackendHealth(
-                b, health, probes, rng, now, require_micro_for_ready=require_micro_for_ready
-            )
-            for b in backends
+            BackendHealth(b, health, probes, rng, now) for b in backends
         )
         self._by_name = {b.name: b for b in self._order}
         if len(self._by_name) != len(self._order):

@@ -2,8 +2,10 @@
 
 `TRANSITIONS[state][event]` is the state a backend moves to; a pair missing from the table is
 an illegal move and `transition` raises `IllegalTransition`. The rules that decide *when* an
-event fires live in `backend.py`; this module only says which moves exist. Docs draw the
-diagram from the same table (`mermaid()`), and the tests enumerate it.
+event fires live in `rules.py` and `evaluation.py` (applied by `backend.py`); this module says
+which moves exist, and which event hard failure evidence fires in each state
+(`FAILURE_EVENTS`: one place, not one copy per rule).
+Docs draw the diagram from the same table (`mermaid()`), and the tests enumerate it.
 
     cold ──READY_SEEN──▶ ready ◀──RECOVER── degraded
       │ NOT_READY          │ DEGRADE ─────────▶ │
@@ -28,12 +30,12 @@ from pulsegate.health.verdict import State
 class Event(enum.Enum):
     """Something that moves a backend between states. Values are stable (logged, documented)."""
 
-    READY_SEEN = "ready_seen"  # readiness ok (and a micro-inference ok when required)
+    READY_SEEN = "ready_seen"  # readiness ok and a micro-inference ok
     NOT_READY = "not_ready"  # the engine answered "not ready" (loading, reloading)
     DEGRADE = "degrade"  # score under the degrade line, VRAM > 90% used, or KV cache > 95%
     RECOVER = "recover"  # the degrade conditions cleared
     SCORE_LOW = "score_low"  # score < eject_below for eject_after evaluations in a row
-    HARD_FAILURE = "hard_failure"  # heartbeat dead, canary/micro/request failure streaks
+    HARD_FAILURE = "hard_failure"  # heartbeat dead, engine down, canary/micro/request streaks
     REJOIN_OK = "rejoin_ok"  # backoff over, score > rejoin_above rejoin_after times, evidence clear
     PROBATION_PASSED = "probation_passed"
     PROBATION_FAILED = "probation_failed"  # any failure while on probation
@@ -104,6 +106,17 @@ TRANSITIONS: Mapping[State, Mapping[Event, State]] = MappingProxyType(
 )
 """The whole machine: TRANSITIONS[from_state][event] -> to_state. Read-only."""
 
+FAILURE_EVENTS: Mapping[State, Event] = MappingProxyType(
+    {
+        State.READY: Event.HARD_FAILURE,
+        State.DEGRADED: Event.HARD_FAILURE,
+        State.PROBATION: Event.PROBATION_FAILED,
+    }
+)
+"""The event hard failure evidence (a heartbeat death, a refused port, a failure streak, the
+engine saying "not ready" on probation...) fires, by state: routable backends are ejected,
+probation fails. Every other state is out of service already: nothing to eject."""
+
 
 def transition(state: State, event: Event) -> State:
     """The state after `event` in `state`; raises IllegalTransition for a move not in the table."""
@@ -111,6 +124,11 @@ def transition(state: State, event: Event) -> State:
         return TRANSITIONS[state][event]
     except KeyError:
         raise IllegalTransition(state, event) from None
+
+
+def failure_event(state: State) -> Event | None:
+    """The event a hard failure fires in `state` (FAILURE_EVENTS), or None: nothing to eject."""
+    return FAILURE_EVENTS.get(state)
 
 
 def allowed(state: State, event: Event) -> bool:

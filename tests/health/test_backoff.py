@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pulsegate.health.ejection import JITTER, Backoff
+from pulsegate.health.backoff import JITTER, Backoff
 
 
 def test_backoff_grows_linearly_with_jitter() -> None:

@@ -1,0 +1,19 @@
+"""Suspicion: overdue first bytes make a backend suspect; twice, a failing probe proves a stall."""
+
+from __future__ import annotations
+
+from pulsegate.health.observations import FirstByteOverdue
+from pulsegate.health.suspect import Suspicion
+
+
+def test_suspect_then_stalled_then_cleared() -> None:
+    """The first report makes suspect, the second makes a stall provable; clear resets both."""
+    s = Suspicion()
+    assert s.report(FirstByteOverdue(1, 2.0)) is True
+    assert s.active and not s.stalled
+    assert s.report(FirstByteOverdue(3, 3.5)) is False
+    assert s.stalled
+    assert s.words == "first byte overdue on 3 requests (oldest 3.5s)"
+    assert s.clear() is True
+    assert not s.active and not s.stalled and s.reports == 0
+    assert s.clear() is False
