@@ -62,6 +62,7 @@ def _read_line(proc: subprocess.Popen[bytes], pattern: str, timeout: float = 60.
 
 
 async def _gateway(ports: list[int], args: argparse.Namespace) -> dict[str, float]:
+    from pulsegate.clock import SystemClock
     from pulsegate.config import HeartbeatConfig, MicroInferenceConfig
     from pulsegate.health.observations import Heartbeat, Observation, ProbeResult
     from pulsegate.probers.heartbeat import HeartbeatClient
@@ -81,8 +82,9 @@ async def _gateway(ports: list[int], args: argparse.Namespace) -> dict[str, floa
             counts["micro"] += 1
 
     cfg = HeartbeatConfig(interval=args.interval, timeout=0.08, misses_to_dead=3)
+    clock = SystemClock(asyncio.get_running_loop())
     clients = [
-        HeartbeatClient(f"b{i}", f"127.0.0.1:{p}", cfg, MicroInferenceConfig(), emit)
+        HeartbeatClient(f"b{i}", f"127.0.0.1:{p}", cfg, MicroInferenceConfig(), emit, clock=clock)
         for i, p in enumerate(ports)
     ]
     tasks = [asyncio.create_task(c.run()) for c in clients]

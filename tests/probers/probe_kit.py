@@ -1,5 +1,5 @@
 """Helpers for the prober tests: fast probe settings, a recorder, a prober context, sim
-control and a scriptable engine stub.
+control, a scriptable engine stub, and a fake heartbeat stream.
 
 The sim (`pulsegate sim`, a real process) covers the fault modes; the stub (an aiohttp
 server on loopback, in this process) covers engine shapes the sim does not have: chat-only
@@ -22,6 +22,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from pulsegate.agent.wire import pb
+from pulsegate.clock import SystemClock
 from pulsegate.config import (
     BackendConfig,
     CanaryConfig,
@@ -102,17 +104,24 @@ async def until(cond: Callable[[], object], within: float = 5.0, what: str = "")
 async def running_prober(
     backends: list[BackendConfig], probes: ProbesConfig | None = None, **kw: Any
 ) -> AsyncIterator[tuple[Prober, Recorder]]:
-    """A started Prober; closed (tasks awaited) on exit."""
+    """A started Prober (on a `SystemClock` of this loop unless `clock=` is given); closed
+    (tasks awaited) on exit."""
     rec = Recorder()
     kw.setdefault("unstable", lambda name: False)
     kw.setdefault("emit", rec.emit)
     kw.setdefault("set_models", rec.set_models)
-    prober = Prober(backends, probes or fast_probes(), None, rng=random.Random(7), **kw)
+    own = "clock" not in kw
+    clock = kw.pop("clock") if not own else SystemClock(asyncio.get_running_loop())
+    prober = Prober(
+        backends, probes or fast_probes(), None, rng=random.Random(7), clock=clock, **kw
+    )
     try:
         await prober.start()
         yield prober, rec
     finally:
         await prober.close()
+        if own:
+            clock.close()
 
 
 @dataclass
@@ -204,3 +213,21 @@ class Stub:
                 )
             return web.json_response({"id": "x", "choices": [{"index": 0, "text": " pong"}]})
         return web.Response(status=404)
+
+
+# ---- a fake heartbeat stream -------------------------------------------------------------
+
+
+class FakeStream:
+    """Where the heartbeat units write (`heartbeat_pings.Sender`): records every ping;
+    `accept = False` is back-pressure."""
+
+    def __init__(self) -> None:
+        self.sent: list[pb.Ping] = []
+        self.accept = True
+
+    def send(self, payload: bytes) -> bool:
+        if not self.accept:
+            return False
+        self.sent.append(pb.Ping.FromString(payload))
+        return True

@@ -1,6 +1,8 @@
 """The gateway's heartbeat client against real agent processes on loopback: heartbeats with
 facts, misses the moment they happen (frozen, killed, unreachable agent), reconnection,
-micro-inference inside the stream, and the fault-to-third-miss latency over 20 trials."""
+micro-inference inside the stream, and the fault-to-third-miss latency over 20 trials; and
+its cadence on a `ManualClock`. (The deadline rules without a network:
+test_heartbeat_pings.py, test_heartbeat_micro.py.)"""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from pulsegate.clock import ManualClock, SystemClock
 from pulsegate.config import HeartbeatConfig, MicroInferenceConfig
 from pulsegate.health.observations import Heartbeat, Observation, ProbeKind, ProbeResult
 from pulsegate.probers.heartbeat import HeartbeatClient
@@ -30,7 +33,7 @@ NO_MICRO = MicroInferenceConfig(interval=3600.0, jitter=0.0, timeout=2.0)
 
 @dataclass
 class Recorder:
-    """Every observation with its arrival time (time.monotonic, the clients' clock)."""
+    """Every observation with its arrival time (time.monotonic, the SystemClock's `now`)."""
 
     seen: list[tuple[float, str, Observation]] = field(default_factory=list)
 
@@ -77,14 +80,17 @@ async def running(
     name: str = "a",
     micro: MicroInferenceConfig = NO_MICRO,
 ) -> AsyncIterator[HeartbeatClient]:
-    """A HeartbeatClient running in this loop for the block, closed after it."""
-    client = HeartbeatClient(name, target, HB, micro, rec.emit, rng=random.Random(7))
+    """A HeartbeatClient running in this loop (on a `SystemClock` of it) for the block,
+    closed after it."""
+    clock = SystemClock(asyncio.get_running_loop())
+    client = HeartbeatClient(name, target, HB, micro, rec.emit, rng=random.Random(7), clock=clock)
     task = asyncio.create_task(client.run())
     try:
         yield client
     finally:
         await client.close()
         await task
+        clock.close()
 
 
 def agent_for(tmp: Path, engine: str, n: int, listen: str = "127.0.0.1:0") -> Proc:
@@ -236,6 +242,31 @@ async def test_unreachable_agent_is_a_miss_per_interval() -> None:
     assert 0.5 < span < 1.2, span
 
 
+async def test_on_a_manual_clock_no_stream_is_one_miss_per_interval_of_that_clock() -> None:
+    """Nothing listening, time moved only by the test: exactly one 'disconnected' miss per
+    interval the clock moves (however many dials fail meanwhile); close() leaves no timer
+    armed on the clock and nothing is emitted after it."""
+    c = ManualClock()
+    cfg = HeartbeatConfig(interval=0.125, timeout=0.0625, misses_to_dead=3)  # exact in binary
+    rec = Recorder()
+    client = HeartbeatClient("a", "127.0.0.1:9", cfg, NO_MICRO, rec.emit, clock=c)
+    task = asyncio.create_task(client.run())
+    # the first dial is decided: the micro round, the first tick and the backoff are armed
+    await rec.until(lambda: c.pending() == 3, 3.0, "the first dial to fail")
+    c.advance(0.0)  # the first tick, at once
+    for _ in range(8):
+        c.advance(cfg.interval)
+        await asyncio.sleep(0)  # the connect loop may dial again meanwhile
+    beats = [hb for _, hb in rec.beats("a")]
+    assert len(beats) == 9
+    assert all(b.rtt_s is None and b.reason == "disconnected" for b in beats)
+    await client.close()
+    await task
+    assert c.pending() == 0
+    c.advance(1.0)
+    assert len(rec.beats("a")) == 9
+
+
 async def test_micro_inference_result_arrives_via_the_stream(
     start_sim: Callable[..., Sim], agents: Callable[..., Proc]
 ) -> None:
@@ -350,10 +381,17 @@ async def _healthy(rec: Recorder, name: str) -> None:
 
 @asynccontextmanager
 async def running_many(rec: Recorder, agents: list[Proc]) -> AsyncIterator[None]:
-    """One client per agent, named k0, k1, ..., closed after the block."""
+    """One client per agent, named k0, k1, ..., on one `SystemClock`, closed after the block."""
+    clock = SystemClock(asyncio.get_running_loop())
     clients = [
         HeartbeatClient(
-            f"k{i}", f"127.0.0.1:{a.port}", HB, NO_MICRO, rec.emit, rng=random.Random(i)
+            f"k{i}",
+            f"127.0.0.1:{a.port}",
+            HB,
+            NO_MICRO,
+            rec.emit,
+            rng=random.Random(i),
+            clock=clock,
         )
         for i, a in enumerate(agents)
     ]
@@ -363,3 +401,4 @@ async def running_many(rec: Recorder, agents: list[Proc]) -> AsyncIterator[None]
     finally:
         await asyncio.gather(*(c.close() for c in clients))
         await asyncio.gather(*tasks)
+        clock.close()

@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 
 from pulsegate.agent.gpu import GpuChoice, Nvml, NvmlUnavailable
+from pulsegate.clock import Clock
 from pulsegate.health.observations import EngineFacts, ProbeKind
 from pulsegate.probers.engine_metrics import (
     GPU_NAMES,
@@ -92,7 +93,7 @@ class EngineWatcher:
         model: str | None,
         *,
         refresh: float = 0.15,
-        clock: Callable[[], float],
+        clock: Clock,
         session: aiohttp.ClientSession,
     ) -> None:
         self.engine_url = engine_url.rstrip("/")
@@ -109,7 +110,7 @@ class EngineWatcher:
         self._task: asyncio.Task[None] | None = None
         self._changed: list[Callable[[Snapshot], None]] = []
         self.snapshot = Snapshot(
-            EngineFacts(source="agent"), None, "starting", False, "", "", clock(), 0
+            EngineFacts(source="agent"), None, "starting", False, "", "", clock.now(), 0
         )
 
     @property
@@ -155,15 +156,15 @@ class EngineWatcher:
             self._nvml = None
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        now = self._clock.now
+        next_at = now()
         while True:
             next_at += self._refresh
-            delay = next_at - loop.time()
+            delay = next_at - now()
             if delay > 0:
                 await asyncio.sleep(delay)
             else:  # a slow source: do not pile up, start the next round now
-                next_at = loop.time()
+                next_at = now()
             try:
                 await self.refresh_once()
             except Exception:  # a bug here must not stop the refresher for good
@@ -196,7 +197,7 @@ class EngineWatcher:
         )
         old = self.snapshot
         snap = Snapshot(
-            facts, ready, status, reachable, kind, gpu_source, self._clock(), old.version
+            facts, ready, status, reachable, kind, gpu_source, self._clock.now(), old.version
         )
         if not snap.same_as(old):
             snap = replace(snap, version=old.version + 1)
@@ -270,11 +271,11 @@ class EngineWatcher:
 
     async def micro(self, timeout_s: float) -> MicroOutcome:
         """A one-token completion through the local engine, within `timeout_s`."""
-        t0 = self._clock()
+        t0 = self._clock.now()
         model = await self._resolve_model(timeout_s)
         if isinstance(model, MicroOutcome):
             return model
-        left = timeout_s - (self._clock() - t0)
+        left = timeout_s - (self._clock.now() - t0)
         if left <= 0:
             return MicroOutcome(False, None, f"timeout after {timeout_s:.3g}s (listing models)")
         inf = await probe_inference(

@@ -29,10 +29,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from pulsegate import clock
 from pulsegate.agent.engine import EngineWatcher, MicroOutcome, Snapshot
 from pulsegate.agent.gpu import GpuChoice, NvmlUnavailable, parse_gpu_option
 from pulsegate.agent.wire import SERVICE_NAME, add_heartbeat_service, fill_facts, pb, pb_grpc
+from pulsegate.clock import SystemClock
 from pulsegate.probers.http import new_probe_session
 
 log = logging.getLogger("pulsegate.agent")
@@ -150,6 +150,7 @@ class Agent:
         self._health: HealthServicer | None = None
         self._watcher: EngineWatcher | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._clock: SystemClock | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -164,12 +165,14 @@ class Agent:
     async def start(self) -> int:
         """Take a first snapshot, bind, serve; returns the bound port."""
         session = self._session = new_probe_session()
+        # The agent's own clock: its micro-inference deadlines count only time its loop ran.
+        self._clock = SystemClock(asyncio.get_running_loop())
         self._watcher = EngineWatcher(
             self.engine,
             self.gpu,
             self.model,
             refresh=self.refresh,
-            clock=clock.monotonic,
+            clock=self._clock,
             session=session,
         )
         self._health = HealthServicer()
@@ -188,7 +191,7 @@ class Agent:
                 ("grpc.keepalive_permit_without_calls", 1),
             ]
         )
-        add_heartbeat_service(HeartbeatService(self._watcher, clock.monotonic), server)
+        add_heartbeat_service(HeartbeatService(self._watcher, self._clock.now), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         try:
             port: int = server.add_insecure_port(self.listen)
@@ -234,6 +237,9 @@ class Agent:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._clock is not None:
+            self._clock.close()
+            self._clock = None
 
 
 def run_agent(engine: str, listen: str, gpu: str = "auto", model: str | None = None) -> int:

@@ -43,6 +43,12 @@ If the gateway's own event loop stalls (`pulsegate.stall`), the deadline is push
 the stall, and a deadline that fires late is re-checked 2 ms later, after pongs already
 received have been read: a gateway pause must not eject every backend.
 
+One `Clock`, passed in, times everything here: the tick, the deadlines, the backoff, and
+the RTT stamps (only the 1 s connect timeout is `agent.grpc_lite`'s own, on the loop). The
+pings' deadline bookkeeping and confirmation pings are `heartbeat_pings`, the
+micro-inference rounds `heartbeat_micro`; this module keeps the stream up and turns pongs
+into observations.
+
 Cost: the stream is `agent.grpc_lite.GrpcStream` (gRPC framing written straight to the
 socket) rather than grpc.aio, whose per-message overhead cost 14 % of a core for 100
 agents against about 4.5 % here (bench/heartbeat_cost.py, on uvloop). Ticks are timer
@@ -53,15 +59,14 @@ callbacks, not tasks; per ping: one timer, one socket write, one pong parse; the
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from pulsegate import clock as _clock
-from pulsegate import stall
 from pulsegate.agent.grpc_lite import GrpcStream, open_stream, split_target
 from pulsegate.agent.wire import SERVICE_NAME, facts_from_pong, pb
+from pulsegate.clock import Clock, Handle
 from pulsegate.config import HeartbeatConfig, MicroInferenceConfig
 from pulsegate.health.observations import (
     EngineFacts,
@@ -70,6 +75,9 @@ from pulsegate.health.observations import (
     ProbeKind,
     ProbeResult,
 )
+from pulsegate.probers.heartbeat_micro import MICRO, StreamMicro
+from pulsegate.probers.heartbeat_pings import Pings
+from pulsegate.probers.waits import wait_future
 
 log = logging.getLogger("pulsegate.probers.heartbeat")
 
@@ -77,28 +85,15 @@ STREAM_PATH = f"/{SERVICE_NAME}/Stream"
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 2.0
 CONNECT_TIMEOUT_S = 1.0
-# A deadline timer that fires this late means our own loop was stalled: re-check first.
-_LAG_TOLERANCE_S = 0.01
-# The agent gives up on the engine a little before we give up on the agent, so its answer
-# (with the engine's error) arrives before our own deadline.
-_AGENT_TIMEOUT_SHARE = 0.9
-_PING = pb.Ping.PING
-_MICRO = pb.Ping.MICRO_INFERENCE
-
-
-@dataclass(slots=True)
-class _Pending:
-    sent_at: float  # clock()
-    handle: asyncio.TimerHandle | None
-    extensions: int = 0  # times the deadline was pushed back for our own stall
 
 
 class HeartbeatClient:
     """Pings one agent over one long-lived stream and emits what it learns.
 
     `run()` returns only after `close()`; it never raises for anything the agent or the
-    network does. `clock` (monotonic seconds) stamps pings and pongs; scheduling uses the
-    running loop's own clock. `rng` draws the micro-inference jitter and the backoff.
+    network does. `clock` is the one time source: it stamps pings and pongs and times the
+    cadence, the deadlines and the backoff. `rng` draws the micro-inference jitter and the
+    backoff.
     """
 
     def __init__(
@@ -108,9 +103,9 @@ class HeartbeatClient:
         cfg: HeartbeatConfig,
         micro: MicroInferenceConfig,
         emit: Callable[[str, Observation], None],
-        clock: Callable[[], float] = _clock.monotonic,
         rng: random.Random | None = None,
         *,
+        clock: Clock,
         stale_after: float | None = None,
     ) -> None:
         self.name = name
@@ -121,24 +116,20 @@ class HeartbeatClient:
         self._emit_cb = emit
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
-        self._fast = max(cfg.timeout / 4, 0.005)
         self._stale_after = stale_after if stale_after is not None else max(2.0, 20 * cfg.interval)
+        next_seq = itertools.count(1).__next__  # one numbering for every message sent
+        self._pings = Pings(cfg, clock, next_seq, self._emit)
+        self._micro = StreamMicro(
+            micro, clock, self._rng, next_seq, self._emit, lambda: self._stream is not None
+        )
 
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stream: GrpcStream | None = None
         self._stream_good = False  # this stream has delivered a pong in time
         self._last_stream_good = False
         self._stream_started = 0.0
-        self._seq = 0
-        self._pending: dict[int, _Pending] = {}
-        self._micro_pending: dict[int, _Pending] = {}
-        self._misses = 0  # consecutive "late" misses on this stream: drives confirmation
         self._next_tick = 0.0
-        self._last_sent = 0.0
-        self._tick_handle: asyncio.Handle | None = None
-        self._confirm_handle: asyncio.Handle | None = None
-        self._micro_handle: asyncio.TimerHandle | None = None
-        self._micro_due = False
+        self._tick_handle: Handle | None = None
         self._facts_version = -1
         self._facts: EngineFacts | None = None
         self._readiness: tuple[bool, bool, str] | None = None
@@ -156,7 +147,7 @@ class HeartbeatClient:
         loop = self._loop = asyncio.get_running_loop()
         self._stop = loop.create_future()
         self._done = loop.create_future()
-        self._schedule_micro()
+        self._micro.start()
         try:
             await self._connect_loop()
         finally:
@@ -172,7 +163,7 @@ class HeartbeatClient:
             await asyncio.shield(self._done)
 
     async def _connect_loop(self) -> None:
-        assert self._loop is not None and self._stop is not None
+        assert self._stop is not None
         attempt = 0
         while not self._stop.done():
             try:
@@ -191,8 +182,8 @@ class HeartbeatClient:
                     )
                 stream = None
             if self._tick_handle is None:  # the cadence starts once the first dial is decided
-                self._next_tick = self._loop.time()
-                self._tick_handle = self._loop.call_soon(self._tick)
+                self._next_tick = self._clock.now()
+                self._tick_handle = self._clock.call_later(0, self._tick)
             if stream is not None:
                 self._begin(stream)
                 await asyncio.wait((stream.closed, self._stop), return_when=asyncio.FIRST_COMPLETED)
@@ -208,7 +199,7 @@ class HeartbeatClient:
                     attempt = 0
             attempt += 1
             d = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(attempt - 1, 16))
-            await asyncio.wait((self._stop,), timeout=d * (0.5 + 0.5 * self._rng.random()))
+            await wait_future(self._clock, self._stop, d * (0.5 + 0.5 * self._rng.random()))
 
     @property
     def connected(self) -> bool:
@@ -216,13 +207,12 @@ class HeartbeatClient:
         return self._stream is not None and self._stream_good
 
     def _begin(self, stream: GrpcStream) -> None:
-        assert self._loop is not None
         self._last_stream_good = False
         if stream.closed.done():
             return  # lost between connecting and here: `_on_closed` had nothing to do
-        self._stream, self._stream_good, self._stream_started = stream, False, self._loop.time()
+        self._stream, self._stream_good, self._stream_started = stream, False, self._clock.now()
         self._facts_version, self._facts, self._readiness = -1, None, None
-        self._misses = 0
+        self._pings.attach(stream)
 
     def _on_closed(self, stream: GrpcStream) -> None:
         """The stream is gone: every ping it swallowed is a miss now (the break itself is one
@@ -231,11 +221,8 @@ class HeartbeatClient:
             return
         self._stream = None
         was_good = self._last_stream_good = self._stream_good
-        n = len(self._pending)
-        self._cancel_pending()
-        if self._confirm_handle is not None:
-            self._confirm_handle.cancel()
-            self._confirm_handle = None
+        n = self._pings.detach()
+        self._micro.drop()
         if not self._closing:
             for _ in range(max(n, 1 if was_good else 0)):
                 self._emit(Heartbeat(None, reason="stream_broken"))
@@ -244,18 +231,11 @@ class HeartbeatClient:
         if self._stream is not None:
             self._stream.abort("closing")
             self._stream = None
-        self._cancel_pending()
-        for h in (self._tick_handle, self._confirm_handle, self._micro_handle):
-            if h is not None:
-                h.cancel()
-        self._tick_handle = self._confirm_handle = self._micro_handle = None
-
-    def _cancel_pending(self) -> None:
-        for pending in (self._pending, self._micro_pending):
-            for p in pending.values():
-                if p.handle is not None:
-                    p.handle.cancel()
-            pending.clear()
+        self._pings.detach()
+        self._micro.close()
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
 
     # -- emitting -------------------------------------------------------------------------
 
@@ -265,17 +245,16 @@ class HeartbeatClient:
         except Exception:  # the consumer's bug must not stop the heartbeat
             log.exception("heartbeat %s: emit failed", self.name)
 
-    # -- pings ----------------------------------------------------------------------------
+    # -- the cadence ----------------------------------------------------------------------
 
     def _tick(self) -> None:
         """The regular cadence: one ping (or one miss) per interval, then the micro."""
-        loop = self._loop
-        assert loop is not None
-        now = loop.time()
+        clock = self._clock
+        now = clock.now()
         self._next_tick += self.cfg.interval
         if self._next_tick <= now:  # the loop was stalled: do not fire a burst
             self._next_tick = now + self.cfg.interval
-        self._tick_handle = loop.call_at(self._next_tick, self._tick)
+        self._tick_handle = clock.call_at(self._next_tick, self._tick)
         stream = self._stream
         if stream is None:
             self._emit(Heartbeat(None, reason="disconnected"))
@@ -286,90 +265,12 @@ class HeartbeatClient:
             )
             stream.abort("stale: no pong")
             return
-        if not self._send_ping(stream, now):
+        if not self._pings.send(now):
             # Flow control or a full socket buffer: the ping cannot even leave (R3).
             self._emit(Heartbeat(None, reason="backpressure"))
             return
-        if self._micro_due:
-            self._micro_due = False
-            self._send_micro(stream)
-            self._schedule_micro()
-
-    def _send_ping(self, stream: GrpcStream, now: float) -> bool:
-        loop = self._loop
-        assert loop is not None
-        self._seq += 1
-        seq = self._seq
-        sent_at = self._clock()
-        self._last_sent = now
-        ping = pb.Ping(seq=seq, send_ns=int(sent_at * 1e9), kind=_PING)
-        if not stream.send(ping.SerializeToString()):
-            return False
-        deadline = now + self.cfg.timeout
-        self._pending[seq] = _Pending(sent_at, loop.call_at(deadline, self._late, seq, deadline))
-        return True
-
-    def _send_micro(self, stream: GrpcStream) -> None:
-        loop = self._loop
-        assert loop is not None
-        self._seq += 1
-        seq = self._seq
-        sent_at = self._clock()
-        ping = pb.Ping(
-            seq=seq,
-            send_ns=int(sent_at * 1e9),
-            kind=_MICRO,
-            timeout_ms=max(1, int(self.micro.timeout * _AGENT_TIMEOUT_SHARE * 1e3)),
-        )
-        if not stream.send(ping.SerializeToString()):
-            return  # back-pressure is the heartbeat's to report; try again next round
-        start = loop.time()
-        handle = loop.call_at(start + self.micro.timeout, self._micro_timeout, seq, start)
-        self._micro_pending[seq] = _Pending(sent_at, handle)
-
-    def _confirm(self) -> None:
-        """While suspicious, send confirmation pings `timeout / 4` apart until as many are
-        outstanding as misses are still needed (see the module docstring's timeline)."""
-        self._confirm_handle = None
-        loop, stream = self._loop, self._stream
-        if loop is None or stream is None:
-            return
-        needed = self.cfg.misses_to_dead - self._misses
-        if self._misses == 0 or len(self._pending) >= needed:
-            return
-        now = loop.time()
-        due = self._last_sent + self._fast
-        if now + 1e-4 < due:
-            self._confirm_handle = loop.call_at(due, self._confirm)
-            return
-        if not self._send_ping(stream, now):
-            return  # back-pressure: the regular tick reports it
-        if len(self._pending) < self.cfg.misses_to_dead - self._misses:
-            self._confirm_handle = loop.call_at(now + self._fast, self._confirm)
-
-    # -- deadlines ------------------------------------------------------------------------
-
-    def _late(self, seq: int, deadline: float) -> None:
-        p = self._pending.get(seq)
-        if p is None:
-            return
-        loop = self._loop
-        assert loop is not None
-        # Time our own loop stood still since the ping does not count against the agent:
-        # its pong may be sitting unread. Look again once that time has been made up.
-        timeout = self.cfg.timeout
-        again = stall.look_again(
-            deadline - timeout, timeout, loop.time(), p.extensions, _LAG_TOLERANCE_S
-        )
-        if again is not None:
-            p.extensions += 1
-            p.handle = loop.call_at(again, self._late, seq, deadline)
-            return
-        del self._pending[seq]
-        self._misses += 1
-        self._emit(Heartbeat(None, reason="late"))
-        if self._confirm_handle is None:
-            self._confirm_handle = loop.call_soon(self._confirm)
+        if self._micro.due:
+            self._micro.send(stream)
 
     # -- pongs ----------------------------------------------------------------------------
 
@@ -383,23 +284,17 @@ class HeartbeatClient:
         self._on_pong(pong)
 
     def _on_pong(self, pong: pb.Pong) -> None:
-        now = self._clock()
-        loop = self._loop
-        assert loop is not None
-        self._last_pong_at = loop.time()
-        if pong.kind == _MICRO:
-            self._on_micro(pong)
+        now = self._last_pong_at = self._clock.now()
+        if pong.kind == MICRO:
+            self._micro.on_pong(pong)
             return
-        p = self._pending.pop(pong.seq, None)
-        if p is None:
+        sent_at = self._pings.answered(pong.seq)
+        if sent_at is None:
             return  # already counted as a miss (late)
-        if p.handle is not None:
-            p.handle.cancel()
-        self._misses = 0
         self._stream_good = True
         rtt = now - pong.echo_send_ns / 1e9
         if rtt < 0:  # an agent that does not echo faithfully: trust our own record
-            rtt = now - p.sent_at
+            rtt = now - sent_at
         self._emit(Heartbeat(rtt, self._facts_of(pong)))
         self._note_readiness(pong)
 
@@ -424,47 +319,3 @@ class HeartbeatClient:
         self._emit(
             ProbeResult(ProbeKind.READINESS, answered, None, reason, ready=ready, refused=refused)
         )
-
-    # -- micro-inference ------------------------------------------------------------------
-
-    def _on_micro(self, pong: pb.Pong) -> None:
-        p = self._micro_pending.pop(pong.seq, None)
-        if p is None:
-            return  # timed out already
-        if p.handle is not None:
-            p.handle.cancel()
-        if pong.busy:
-            return  # busy is not evidence either way (R17)
-        latency = pong.latency_ms / 1e3 if pong.HasField("latency_ms") else None
-        self._emit(ProbeResult(ProbeKind.MICRO, pong.ok, latency, pong.error))
-
-    def _micro_timeout(self, seq: int, start: float) -> None:
-        p = self._micro_pending.get(seq)
-        if p is None:
-            return
-        loop = self._loop
-        assert loop is not None
-        # Our own stall since the request is not the engine's slowness (pulsegate.stall).
-        again = stall.look_again(start, self.micro.timeout, loop.time(), p.extensions)
-        if again is not None:
-            p.extensions += 1
-            p.handle = loop.call_at(again, self._micro_timeout, seq, start)
-            return
-        del self._micro_pending[seq]
-        reason = f"timeout after {self.micro.timeout:.3g}s (no answer through the agent)"
-        self._emit(ProbeResult(ProbeKind.MICRO, False, None, reason))
-
-    def _schedule_micro(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        if self._micro_handle is not None:
-            self._micro_handle.cancel()
-        delay = self.micro.interval + self._rng.uniform(0.0, self.micro.jitter)
-        self._micro_handle = loop.call_later(delay, self._micro_fire)
-
-    def _micro_fire(self) -> None:
-        self._micro_handle = None
-        if self._stream is None:
-            self._schedule_micro()  # no stream: skip this round, the misses say it all
-            return
-        self._micro_due = True  # sent with the next regular ping

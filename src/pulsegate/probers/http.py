@@ -17,13 +17,14 @@ behind a blackholed send cannot poison the next probe.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
 from pulsegate import stall
+from pulsegate.clock import Clock
 
 PROBE_HEADER = "x-pulsegate-probe"
 USER_AGENT = "pulsegate-prober/0.1"
@@ -77,21 +78,22 @@ async def fetch(
     *,
     headers: Mapping[str, str],
     timeout_s: float,
-    clock: Callable[[], float],
+    clock: Clock,
     body: bytes | None = None,
     cap: int = 1 << 20,
 ) -> Reply:
     """One request under a hard deadline. Raises TimeoutError, aiohttp.ClientError or
     BodyTooLarge; an error status is a `Reply`, not an exception. 2xx bodies are read up to
-    `cap` bytes, error bodies up to 8 KiB (enough for the message)."""
+    `cap` bytes, error bodies up to 8 KiB (enough for the message). `clock` times the
+    deadline (`stall.timeout`) and the time to the first byte."""
     hdrs = dict(headers)
     if body is not None:
         hdrs["Content-Type"] = "application/json"
-    t0 = clock()
-    async with stall.timeout(timeout_s):
+    t0 = clock.now()
+    async with stall.timeout(clock, timeout_s):
         resp = await session.request(method, url, data=body, headers=hdrs, allow_redirects=False)
         try:
-            headers_s = clock() - t0
+            headers_s = clock.now() - t0
             limit = cap if resp.status < 300 else _ERROR_BODY_CAP
             data = await _read_capped(resp, limit, strict=resp.status < 300)
         except BaseException:

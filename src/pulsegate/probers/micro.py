@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from pulsegate.clock import Clock
 from pulsegate.health.observations import ProbeKind, ProbeResult
 from pulsegate.probers.http import FETCH_ERRORS, Reply, describe_failure, fetch, http_reason
 from pulsegate.probers.payload import Api
@@ -50,10 +51,10 @@ async def probe_inference(
     body: Callable[[Api], bytes],
     api: Api,
     timeout_s: float,
-    clock: Callable[[], float],
+    clock: Clock,
 ) -> Inference:
     """One micro-inference or canary; never raises for anything the backend does."""
-    t0 = clock()
+    t0 = clock.now()
 
     async def post(endpoint: Api, left: float) -> Reply:
         return await fetch(
@@ -71,7 +72,7 @@ async def probe_inference(
         reply = await post(api, timeout_s)
         if reply.status == 404:
             other = Api.CHAT if api is Api.COMPLETIONS else Api.COMPLETIONS
-            left = timeout_s - (clock() - t0)
+            left = timeout_s - (clock.now() - t0)
             if left <= 0:
                 raise TimeoutError
             second = await post(other, left)

@@ -22,12 +22,13 @@ loop alive) then ``GET /v1/models`` (is the model loaded). The outcome is one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
 import orjson
 
+from pulsegate.clock import Clock
 from pulsegate.health.observations import ProbeKind, ProbeResult
 from pulsegate.probers.http import (
     FETCH_ERRORS,
@@ -56,13 +57,13 @@ async def probe_readiness(
     headers: Mapping[str, str],
     configured: tuple[str, ...],
     timeout_s: float,
-    clock: Callable[[], float],
+    clock: Clock,
 ) -> Readiness:
     """One readiness probe; never raises for anything the backend does."""
-    t0 = clock()
+    t0 = clock.now()
 
     def result(ok: bool, ready: bool, reason: str = "") -> ProbeResult:
-        return ProbeResult(ProbeKind.READINESS, ok, clock() - t0, reason, ready)
+        return ProbeResult(ProbeKind.READINESS, ok, clock.now() - t0, reason, ready)
 
     def down(reason: str, refused: bool = False) -> Readiness:
         return Readiness(ProbeResult(ProbeKind.READINESS, False, None, reason, False, refused))
@@ -81,7 +82,7 @@ async def probe_readiness(
             return Readiness(result(True, False, http_reason(health, "health")))
         if health.status >= 300 and health.status != 404:
             return Readiness(result(False, False, http_reason(health, "health")))
-        left = timeout_s - (clock() - t0)
+        left = timeout_s - (clock.now() - t0)
         if left <= 0:
             raise TimeoutError
         models = await fetch(

@@ -20,9 +20,9 @@ from a blackhole to the second consecutive canary failure takes at most one inte
 a third of one plus the timeout (2.2 + 0.73 + 0.35 = 3.3 s with defaults, about 2 s on
 average) instead of two full intervals.
 
-`poke(name)` ends that backend's pauses at once - but never sooner than `POKE_MIN_GAP_S`
-after the previous probe of the same kind, and a poke that arrives while a probe is in
-flight is answered by that probe, not by a second one.
+`poke(name)` ends that backend's pauses at once - but never sooner than
+`cadence.POKE_MIN_GAP_S` after the previous probe of the same kind, and a poke that arrives
+while a probe is in flight is answered by that probe, not by a second one.
 
 Gating (decisions the health core cannot make for us, because they are about what to send):
 - micro-inference and canary wait for the backend's first readiness answer and are skipped
@@ -37,43 +37,27 @@ Gating (decisions the health core cannot make for us, because they are about wha
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
 import logging
 import os
 import random
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from pulsegate.clock import Clock
 from pulsegate.config import BackendConfig, ProbesConfig
 from pulsegate.health.observations import Observation, ProbeKind, ProbeResult
+from pulsegate.probers.cadence import Kind, delays, pause
 from pulsegate.probers.engine_metrics import EngineMetricsReader
 from pulsegate.probers.http import PROBE_HEADER, new_probe_session
 from pulsegate.probers.micro import probe_inference
 from pulsegate.probers.payload import Api, CanaryText, canary_body, micro_body
 from pulsegate.probers.readiness import probe_readiness
 from pulsegate.probers.scrape import scrape_engine
+from pulsegate.probers.waits import wait_event
 
 log = logging.getLogger("pulsegate.probers")
-
-# Unstable micro-inference and canary run this many times faster (3-5 s -> 1-1.7 s, R14).
-UNSTABLE_SPEEDUP = 3.0
-# Interval jitter for readiness, canary and metrics (micro has its own configured jitter).
-JITTER = 0.1
-# A storm of pokes starts at most one probe per kind per backend every 200 ms.
-POKE_MIN_GAP_S = 0.2
-
-
-class Kind(enum.Enum):
-    """A probe loop; the value is what the `x-pulsegate-probe` header says."""
-
-    READINESS = "readiness"
-    MICRO = "micro"
-    CANARY = "canary"
-    METRICS = "metrics"
 
 
 @dataclass(eq=False)
@@ -99,9 +83,9 @@ class Prober:
     Probes run on the Prober's own session (`new_probe_session()`, made in `start()`, closed
     in `close()`): its own small connection pool, so probes never queue behind client
     traffic and never hold more than 4 connections to a backend. The `session` argument is
-    accepted so existing callers keep working, and is not used for probing. `clock`
-    (monotonic seconds) times probes and cadence and must advance with real time; `rng`
-    draws jitter and the canary text.
+    accepted so existing callers keep working, and is not used for probing. `clock` is the
+    one time source: it times probes, their deadlines and the cadence; `rng` draws jitter
+    and the canary text.
     """
 
     def __init__(
@@ -113,8 +97,9 @@ class Prober:
         unstable: Callable[[str], bool],
         set_models: Callable[[str, tuple[str, ...]], None],
         rng: random.Random,
-        clock: Callable[[], float] = time.monotonic,
         micro_via_agent: Callable[[str], bool] = lambda name: False,
+        *,
+        clock: Clock,
     ) -> None:
         self._configs = tuple(backends)
         self._probes = probes
@@ -183,9 +168,10 @@ class Prober:
         if kind is not Kind.READINESS:
             await b.answered.wait()
             # Spread the first probes of many backends over a tenth of an interval.
-            await _wait(b.wake[kind], self._rng.uniform(0.0, 0.1 * self._delays(kind)[0]))
+            spread = self._rng.uniform(0.0, 0.1 * self._delays(kind)[0])
+            await wait_event(self._clock, b.wake[kind], spread)
         while True:
-            started = self._clock()
+            started = self._clock.now()
             failed = False
             try:
                 failed = await probe(b)
@@ -195,33 +181,15 @@ class Prober:
             await self._pause(b, kind, started, failed)
 
     async def _pause(self, b: _Backend, kind: Kind, started: float, failed: bool) -> None:
-        """Until the next probe is due: the slow delay, the fast one once unstable (or right
-        after this loop's own probe failed: confirm or clear it soon), or a poke."""
+        """Until the next probe is due (`cadence.pause`)."""
         slow, fast = self._delays(kind)
-        checkpoint = min(fast, slow)
-        while True:
-            left = checkpoint - (self._clock() - started)
-            if left > 0 and await _wait(b.wake[kind], left):
-                gap = POKE_MIN_GAP_S - (self._clock() - started)
-                if gap > 0:
-                    await asyncio.sleep(gap)
-                return
-            if checkpoint >= slow or failed or self._unstable(b):
-                return
-            checkpoint = min(checkpoint + fast, slow)
+        await pause(
+            self._clock, b.wake[kind], started, slow, fast, failed, lambda: self._unstable(b)
+        )
 
     def _delays(self, kind: Kind) -> tuple[float, float]:
         """(stable, unstable) delay between probe starts, jitter drawn."""
-        p = self._probes
-        j = self._rng.uniform(1.0 - JITTER, 1.0 + JITTER)
-        if kind is Kind.READINESS:
-            return p.readiness.interval * j, p.readiness.interval_unstable * j
-        if kind is Kind.MICRO:
-            base = p.micro_inference.interval + self._rng.uniform(0.0, p.micro_inference.jitter)
-            return base, base / UNSTABLE_SPEEDUP
-        if kind is Kind.CANARY:
-            return p.canary.interval * j, p.canary.interval * j / UNSTABLE_SPEEDUP
-        return p.metrics_interval * j, p.metrics_interval * j
+        return delays(self._probes, kind, self._rng)
 
     # ---- the probes ----------------------------------------------------------------------
 
@@ -363,17 +331,6 @@ class Prober:
             return
         b.logged[topic] = state
         log.log(logging.INFO if state == "ok" else logging.WARNING, "%s", message)
-
-
-async def _wait(event: asyncio.Event, seconds: float) -> bool:
-    """True if `event` was set within `seconds`."""
-    if seconds <= 0:
-        return event.is_set()
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await event.wait()
-        return True
-    return False
 
 
 def _auth(cfg: BackendConfig) -> dict[str, str]:

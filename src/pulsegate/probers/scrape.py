@@ -10,11 +10,12 @@ observation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import fields
 
 import aiohttp
 
+from pulsegate.clock import Clock
 from pulsegate.health.observations import EngineFacts
 from pulsegate.probers.engine_metrics import EngineMetricsReader
 from pulsegate.probers.http import FETCH_ERRORS, describe_failure, fetch, http_reason
@@ -28,7 +29,7 @@ async def scrape_engine(
     url: str,
     headers: Mapping[str, str],
     timeout_s: float,
-    clock: Callable[[], float],
+    clock: Clock,
     reader: EngineMetricsReader,
 ) -> EngineFacts | str:
     """The engine's facts, or why there are none; never raises for anything the backend does."""
