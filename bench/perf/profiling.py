@@ -128,21 +128,21 @@ def _source(file: str, line: int, roots: list[Path]) -> str:
 
 def _decide(func: str, file: str) -> str | None:
     if "pulsegate/" in file:
-        if "/health/" in file or func == "Gateway.report":
+        if "/health/" in file or func == "HealthService.report":
             return "health core: observe/score (per request)"
-        if file.endswith("balancer.py") or func == "Gateway.pick":
+        if file.endswith(("balancer.py", "proxy/route.py")):
             return "balancer pick"
         if file.endswith("observe/metrics.py"):
             return "metrics (counters, histograms)"
         if "/probers/" in file or "/observe/" in file:
             return "probers, scrape, alerts (background)"
-        if file.endswith("proxy/upstream.py"):
+        if file.endswith(("proxy/upstream.py", "proxy/upstream_conn.py")):
             return "upstream client (proxy/upstream.py, httptools)"
-        if file.endswith(("proxy/sse.py", "proxy/stream.py")):
+        if file.endswith(("proxy/sse.py", "proxy/resume.py")):
             return "SSE parse and usage tracking"
-        if func.startswith("Gateway._") and "loop" in func:
+        if func in ("HealthService._tick_loop", "ProxyState.watch_first_bytes"):
             return "health tick / first-byte watch (background)"
-        return "pulsegate handler (proxy/*, gateway.py)"
+        return "pulsegate handler (proxy/*)"
     base = file.rsplit("/", 1)[-1]
     if file.startswith("aiohttp") or "aiohttp/" in file:
         if base in _CLIENT:

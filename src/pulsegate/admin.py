@@ -13,8 +13,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from pulsegate import clock
-from pulsegate.gateway import Gateway
+from pulsegate.observe.view import GatewayView
 from pulsegate.proxy.errors import error_response
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -27,7 +26,7 @@ def _json(doc: object, status: int = 200) -> web.Response:
 
 
 class Admin:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: GatewayView) -> None:
         self.gw = gw
         env = gw.config.gateway.admin_token_env
         # Configured but unset (or empty) fails closed: every admin call is refused.
@@ -48,8 +47,8 @@ class Admin:
         gw = self.gw
         return _json(
             {
-                "backends": [gw.backend_view(name) for name in gw.backends],
-                "panic": gw.fleet.panic,
+                "backends": [gw.backend_view(name) for name in gw.names()],
+                "panic": gw.health.fleet.panic,
             }
         )
 
@@ -60,22 +59,14 @@ class Admin:
         except ValueError:
             return error_response(400, "'since' and 'limit' must be integers", "invalid_query")
         backend = request.query.get("backend")
-        return _json({"events": self.gw.events.since(since, backend, limit)})
+        return _json({"events": self.gw.health.events.since(since, backend, limit)})
 
     async def action(self, request: web.Request) -> web.StreamResponse:
         gw = self.gw
         name = request.match_info["name"]
         verb = request.match_info["action"]
-        if name not in gw.backends:
+        if name not in gw.names():
             return error_response(404, f"no backend named '{name}'", "backend_not_found")
-        now = clock.monotonic()
-        if verb == "drain":
-            transitions = gw.fleet.drain(name, now)
-        elif verb == "undrain":
-            transitions = gw.fleet.undrain(name, now)
-        elif verb == "eject":
-            transitions = gw.fleet.eject(name, now, "admin")
-        else:
+        if not gw.health.act(name, verb):
             return error_response(404, f"unknown action '{verb}'", "unknown_action")
-        gw.on_transitions(transitions)
         return _json(gw.backend_view(name))

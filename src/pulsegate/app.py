@@ -9,46 +9,51 @@ import orjson
 from aiohttp import web
 
 from pulsegate.admin import Admin
-from pulsegate.gateway import Gateway
+from pulsegate.config import Config
 from pulsegate.observe.dashboard import register as register_dashboard
+from pulsegate.observe.view import GatewayView
 from pulsegate.proxy.errors import error_response
 from pulsegate.proxy.forward import Forwarder
-
-GATEWAY_KEY = web.AppKey("gateway", Gateway)
+from pulsegate.proxy.ports import Verdicts
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def build_app(
-    gw: Gateway,
+    config: Config,
     *,
+    proxy: tuple[Forwarder, Verdicts] | None = None,
+    view: GatewayView | None = None,
     to_primary: Handler | None = None,
     admin_extra: Sequence[tuple[str, str, Handler]] = (),
 ) -> web.Application:
-    """The gateway's routes. A proxy worker of a multi-process gateway (cluster/) passes
-    `to_primary`: it answers the OpenAI endpoints and /healthz itself and hands every other
-    path (metrics, admin, dashboard, unknown ones) to the primary. `admin_extra`: more
-    (method, path, handler) admin routes, guarded like the others."""
+    """The gateway's routes: the OpenAI endpoints of `proxy` (its forwarder, and the
+    verdicts `/v1/models` lists), and the admin API, metrics and dashboard of `view`. A
+    proxy worker of a multi-process gateway (cluster/) has no view but `to_primary`: every
+    path other than the OpenAI endpoints and /healthz goes to the primary. A primary has
+    no proxy. `admin_extra`: more (method, path, handler) admin routes, guarded like the
+    others."""
     # client_max_size makes aiohttp refuse oversize bodies while reading; Forwarder turns
     # that into an OpenAI-shaped 413. The extra byte lets a body of exactly the limit pass.
-    app = web.Application(client_max_size=gw.config.gateway.max_body_bytes + 1)
-    app[GATEWAY_KEY] = gw
-    fwd = Forwarder(gw)
-    admin = Admin(gw)
-    cache: list[tuple[tuple[str, ...], bytes]] = [((), b"")]
+    app = web.Application(client_max_size=config.gateway.max_body_bytes + 1)
+    r = app.router
+    if proxy is not None:
+        fwd, verdicts = proxy
+        cache: list[tuple[tuple[str, ...], bytes]] = [((), b"")]
 
-    async def models(request: web.Request) -> web.StreamResponse:
-        names = tuple(sorted(gw.fleet.models()))
-        if cache[0][0] != names or not cache[0][1]:
-            data = [{"id": m, "object": "model", "owned_by": "pulsegate"} for m in names]
-            cache[0] = (names, orjson.dumps({"object": "list", "data": data}))
-        return web.Response(body=cache[0][1], content_type="application/json")
+        async def models(request: web.Request) -> web.StreamResponse:
+            names = tuple(sorted(verdicts.models()))
+            if cache[0][0] != names or not cache[0][1]:
+                data = [{"id": m, "object": "model", "owned_by": "pulsegate"} for m in names]
+                cache[0] = (names, orjson.dumps({"object": "list", "data": data}))
+            return web.Response(body=cache[0][1], content_type="application/json")
+
+        r.add_post("/v1/chat/completions", fwd.chat)
+        r.add_post("/v1/completions", fwd.completions)
+        r.add_get("/v1/models", models)
 
     async def healthz(request: web.Request) -> web.StreamResponse:
         return web.Response(text="ok")
-
-    async def metrics(request: web.Request) -> web.StreamResponse:
-        return web.Response(text=gw.registry.render(), content_type="text/plain", charset="utf-8")
 
     async def dashboard(request: web.Request) -> web.StreamResponse:
         try:
@@ -64,14 +69,19 @@ def build_app(
     async def not_found(request: web.Request) -> web.StreamResponse:
         return error_response(404, f"no route for {request.method} {request.path}", "not_found")
 
-    r = app.router
-    r.add_post("/v1/chat/completions", fwd.chat)
-    r.add_post("/v1/completions", fwd.completions)
-    r.add_get("/v1/models", models)
     r.add_get("/healthz", healthz)
     if to_primary is not None:
         r.add_route("*", "/{tail:.*}", to_primary)
         return app
+    if view is None:
+        r.add_route("*", "/{tail:.*}", not_found)
+        return app
+    gw = view
+    admin = Admin(gw)
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        return web.Response(text=gw.registry.render(), content_type="text/plain", charset="utf-8")
+
     r.add_get("/metrics", metrics)
     r.add_get("/dashboard", dashboard)
     r.add_get("/admin/backends", admin.guard(admin.backends))

@@ -24,14 +24,17 @@ import collections
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from pulsegate import clock
+
 T = TypeVar("T")
 
 _Entry = tuple[float, "asyncio.Future[None]"]
 
 
 class CapacityQueue:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, now: Callable[[], float] = clock.monotonic) -> None:
         self.limit = limit
+        self._now = now  # the gateway's clock (`pulsegate.clock`)
         self._queues: dict[str, collections.deque[_Entry]] = {}
         # Waiters per model, counted from entry to exit (woken or not), for `ahead`.
         self._inside: collections.Counter[str] = collections.Counter()
@@ -71,7 +74,8 @@ class CapacityQueue:
         if self.depth >= self.limit:
             return None
         loop = asyncio.get_running_loop()
-        since = loop.time()
+        now = self._now
+        since = now()
         deadline = since + within
         q = self._queues.setdefault(model, collections.deque())
         self.depth += 1
@@ -79,7 +83,7 @@ class CapacityQueue:
         first = True
         try:
             while True:
-                left = deadline - loop.time()
+                left = deadline - now()
                 if left <= 0:
                     return None
                 fut: asyncio.Future[None] = loop.create_future()

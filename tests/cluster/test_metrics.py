@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 from pulsegate.cluster.metrics import MetricsMerge, snapshot
-from pulsegate.observe.metrics import Registry
+from pulsegate.observe.metrics import Counter, Registry
+from pulsegate.proxy.metrics import ProxyMetrics
 
 
-def _registry() -> Registry:
+def _side() -> tuple[Registry, ProxyMetrics, Counter]:
+    """A process's registry: the proxy metrics and one health-side counter."""
     r = Registry()
-    r.counter("pulsegate_requests_total", "x", ("backend", "model", "code"))
-    r.histogram("pulsegate_request_seconds", "x")
-    r.counter("pulsegate_ejections_total", "x", ("backend", "reason"))
-    return r
+    m = ProxyMetrics(r)
+    ejections = r.counter("pulsegate_ejections_total", "x", ("backend", "reason"))
+    return r, m, ejections
 
 
 def test_counters_and_histograms_add_up_and_survive_a_retired_worker() -> None:
     """Totals are the sum over workers; a replaced worker's counts stay in them."""
-    workers = [_registry(), _registry()]
+    workers = [_side()[1], _side()[1]]
     for i, w in enumerate(workers):
         for _ in range(i + 1):
-            w.metrics[0].inc(("a", "m", "200"))  # type: ignore[union-attr]
-            w.metrics[1].observe(0.02)  # type: ignore[union-attr]
-    primary = _registry()
-    primary.metrics[2].inc(("a", "probe"))  # type: ignore[union-attr]
-    merge = MetricsMerge(primary)
+            w.requests.inc(("a", "m", "200"))
+            w.request_seconds.observe(0.02)
+    primary, pm, ejections = _side()
+    ejections.inc(("a", "probe"))
+    merge = MetricsMerge(pm)
     merge.update(0, snapshot(workers[0]))
     merge.update(1, snapshot(workers[1]))
     text = primary.render()
@@ -31,10 +32,14 @@ def test_counters_and_histograms_add_up_and_survive_a_retired_worker() -> None:
     assert "pulsegate_request_seconds_count 3" in text
     assert 'pulsegate_ejections_total{backend="a",reason="probe"} 1' in text  # its own
     merge.retire(0)
-    merge.update(0, snapshot(_registry()))  # the replacement starts from zero
+    merge.update(0, snapshot(_side()[1]))  # the replacement starts from zero
     assert 'code="200"} 3' in primary.render()
 
 
 def test_snapshot_holds_only_the_proxy_metrics() -> None:
     """Health-side metrics are the primary's: a worker never sends them."""
-    assert set(snapshot(_registry())) == {"pulsegate_requests_total", "pulsegate_request_seconds"}
+    _, m, _ = _side()
+    names = set(snapshot(m))
+    assert names == {x.name for x in m.summed}
+    assert {"pulsegate_requests_total", "pulsegate_request_seconds"} <= names
+    assert "pulsegate_ejections_total" not in names

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pulsegate.clock import ManualClock
 from pulsegate.config import parse_config
 from pulsegate.gateway import Gateway
 from pulsegate.observe.dashboard import RateWindow, is_failure, model_backends, summary
@@ -16,13 +17,14 @@ def _gateway() -> Gateway:
                     {"name": "b", "url": "http://127.0.0.1:9", "models": ["m", "n"]},
                 ]
             }
-        )
+        ),
+        ManualClock(),
     )
 
 
 def _requests(gw: Gateway, n: int, backend: str, code: str) -> None:
     for _ in range(n):
-        gw.m_requests.inc((backend, "m", code))
+        gw.proxy_metrics.requests.inc((backend, "m", code))
 
 
 def test_failure_codes() -> None:
@@ -51,10 +53,10 @@ def test_rates_shares_and_hidden_failures() -> None:
     summary(gw, window, 100.0, token_required=True)
     # 10 client requests in 5 s: 8 straight to a, 2 failed on b (503) and retried on a.
     for _ in range(10):
-        gw.m_request_seconds.observe(0.1)
+        gw.proxy_metrics.request_seconds.observe(0.1)
     _requests(gw, 10, "a", "200")
     _requests(gw, 2, "b", "503")
-    gw.m_retries.inc(("server_error",), 2)
+    gw.proxy_metrics.retries.inc(("server_error",), 2)
     doc = summary(gw, window, 105.0, token_required=True)
     assert doc["window_s"] == 5.0
     assert doc["requests_per_s"] == 2.0
@@ -74,7 +76,7 @@ def test_client_errors_counted_once_per_request() -> None:
     window = RateWindow()
     summary(gw, window, 0.0, token_required=False)
     for _ in range(4):
-        gw.m_request_seconds.observe(0.1)
+        gw.proxy_metrics.request_seconds.observe(0.1)
     _requests(gw, 3, "a", "200")
     _requests(gw, 1, "a", "timeout")
     _requests(gw, 1, "b", "502")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from pulsegate.proxy.forward import normalize_error
+from pulsegate.proxy.attempt import normalize_error
 
 
 def test_backend_errors_are_normalised_to_openai_shape() -> None:

@@ -1,7 +1,8 @@
 """One `/metrics` for the whole gateway: the workers' proxy metrics summed in the primary.
 
 Each worker counts its own requests in its own registry (the proxy path is unchanged) and
-sends the cumulative values of the proxy metrics every STATS_INTERVAL_S and when it stops.
+sends the cumulative values of the proxy metrics (`proxy/metrics.py`) every STATS_INTERVAL_S
+and when it stops.
 The primary keeps the latest per worker slot, and a replaced worker's last values in a
 `retired` sum so totals never go backwards; it writes the sums into its own registry's
 metrics of the same names, so `/metrics`, `/admin/summary` and the dashboard read them as
@@ -13,33 +14,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from pulsegate.observe.metrics import Counter, Histogram, Registry
+from pulsegate.observe.metrics import Counter, Histogram
+from pulsegate.proxy.metrics import ProxyMetrics
 
 # Interval between a worker's metric updates: /metrics is at most this stale.
 STATS_INTERVAL_S = 0.25
 
-# The metrics the proxy path writes (in a worker) rather than the health core.
-PROXY_METRICS = frozenset(
-    {
-        "pulsegate_requests_total",
-        "pulsegate_request_seconds",
-        "pulsegate_ttft_seconds",
-        "pulsegate_retries_total",
-        "pulsegate_stream_resumes_total",
-        "pulsegate_queued_total",
-    }
-)
-
 Snapshot = dict[str, dict[Any, Any]]
 
 
-def snapshot(registry: Registry) -> Snapshot:
+def snapshot(metrics: ProxyMetrics) -> Snapshot:
     """Copies of the proxy metrics' values: counters {labels: n}, histograms
     {labels: (bucket counts, sum)}."""
     out: Snapshot = {}
-    for m in registry.metrics:
-        if m.name not in PROXY_METRICS:
-            continue
+    for m in metrics.summed:
         if isinstance(m, Counter):
             out[m.name] = dict(m.values)
         elif isinstance(m, Histogram):
@@ -64,12 +52,8 @@ def _add(into: Snapshot, snap: Snapshot) -> None:
 class MetricsMerge:
     """Sums the workers' snapshots into the primary's registry."""
 
-    def __init__(self, registry: Registry) -> None:
-        self._targets: dict[str, Counter | Histogram] = {
-            m.name: m
-            for m in registry.metrics
-            if m.name in PROXY_METRICS and isinstance(m, Counter | Histogram)
-        }
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self._targets: dict[str, Counter | Histogram] = {m.name: m for m in metrics.summed}
         self._live: dict[int, Snapshot] = {}
         self._retired: Snapshot = {}
 

@@ -21,20 +21,22 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Coroutine, Iterable
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from pulsegate import clock
+from pulsegate import runtime
+from pulsegate.app import build_app
+from pulsegate.clock import Clock, SystemClock
 from pulsegate.cluster.channel import (
     ChannelClosed,
     Ejected,
@@ -54,9 +56,11 @@ from pulsegate.cluster.metrics import MetricsMerge
 from pulsegate.cluster.mirror import export
 from pulsegate.cluster.shared import InflightTable, Totals
 from pulsegate.config import Config
-from pulsegate.gateway import Gateway
+from pulsegate.control.service import HealthService
 from pulsegate.health.events import Transition
-from pulsegate.health.observations import FirstByteOverdue, Observation
+from pulsegate.observe.metrics import Registry
+from pulsegate.proxy.metrics import ProxyMetrics, proxy_gauges
+from pulsegate.runtime import TaskSet
 
 log = logging.getLogger("pulsegate.primary")
 
@@ -88,57 +92,54 @@ class Slot:
     view_lag_s: float = 0.0
 
 
-class PrimaryGateway(Gateway):
-    """A Gateway whose proxy runs elsewhere: in-flight counts are the workers' totals, and
-    every decision is passed on to them."""
+class Primary:
+    """The health side of a multi-process gateway: the health service, the workers' summed
+    proxy metrics and their in-flight totals; what the admin API and dashboard read."""
 
-    def __init__(self, config: Config, table: InflightTable) -> None:
-        super().__init__(config)
-        self.inflight = Totals(table)
-        self.load = self.inflight
+    def __init__(self, config: Config, clock: Clock, table: InflightTable) -> None:
+        self.config = config
+        self.clock = clock
+        self.registry = Registry()
+        self.proxy_metrics = ProxyMetrics(self.registry)
+        self.health = HealthService(config, clock, random.Random(), self.registry)
+        self.inflight: Mapping[str, int] = Totals(table)
+        self._names = tuple(b.name for b in config.backends)
         self.cluster: Supervisor | None = None
+        proxy_gauges(self.registry, self.inflight, self._queue_depth)
+        self.tasks = TaskSet("primary")
 
-    def report(self, name: str, obs: Observation) -> None:
-        super().report(name, obs)
-        if self.cluster is not None:
-            self.cluster.changed()
+    def _queue_depth(self) -> int:
+        return sum(s.queue_depth for s in self.cluster.slots) if self.cluster else 0
 
-    def set_models(self, name: str, models: tuple[str, ...]) -> None:
-        super().set_models(name, models)
-        if self.cluster is not None:
-            self.cluster.changed()
+    def names(self) -> Sequence[str]:
+        return self._names
 
-    def on_transitions(self, transitions: Iterable[Transition]) -> None:
-        transitions = list(transitions)
-        super().on_transitions(transitions)
-        if self.cluster is not None:
-            self.cluster.publish()  # the new verdicts first, so cut attempts pick again right
-            for t in transitions:
-                if t.is_ejection:
-                    self.cluster.ejected(t.backend, t.cause)
+    def backend_view(self, name: str) -> dict[str, Any]:
+        return self.health.backend_view(name, self.inflight.get(name, 0))
 
-    def _qdepth(self) -> Iterable[tuple[tuple[str, ...], float]]:
-        depth = sum(s.queue_depth for s in self.cluster.slots) if self.cluster else 0
-        yield (), float(depth)
+    def connect(self, sup: Supervisor) -> None:
+        """Every change of the verdicts goes to the workers: the new verdicts first, so cut
+        attempts pick again right, then each ejection."""
+        self.cluster = sup
+        self.health.on_change.append(sup.changed)
+        self.health.on_transitions.append(sup.on_transitions)
 
 
 class Supervisor:
     """Starts, feeds, listens to and replaces the proxy workers."""
 
-    def __init__(
-        self, gw: PrimaryGateway, table: InflightTable, port: int, admin_socket: str
-    ) -> None:
+    def __init__(self, gw: Primary, table: InflightTable, port: int, admin_socket: str) -> None:
         self.gw = gw
         self.table = table
         self.port = port
         self.admin_socket = admin_socket
         self.slots = [Slot(i) for i in range(table.rows)]
-        self.merge = MetricsMerge(gw.registry)
+        self.merge = MetricsMerge(gw.proxy_metrics)
         self.stopping = False
         self._sent_version = -1
         self._sent_at = -1e9
         self._scheduled = False
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("supervisor")
 
     # -- verdicts to the workers --------------------------------------------------------------
 
@@ -153,16 +154,22 @@ class Supervisor:
         self.publish()
 
     def publish(self, force: bool = False) -> None:
-        fleet = self.gw.fleet
+        fleet = self.gw.health.fleet
         if fleet.version == self._sent_version and not force:
             return
-        now = clock.monotonic()
+        now = self.gw.clock.now()
         frame = encode(ViewUpdate(export(fleet, now)))
         self._sent_version = fleet.version
         self._sent_at = now
         for s in self.slots:
             if s.writer is not None:
                 send_frame(s.writer, frame)
+
+    def on_transitions(self, transitions: Sequence[Transition]) -> None:
+        self.publish()  # the new verdicts first, so cut attempts pick again right
+        for t in transitions:
+            if t.is_ejection:
+                self.ejected(t.backend, t.cause)
 
     def ejected(self, backend: str, cause: str) -> None:
         frame = encode(Ejected(backend, cause))
@@ -173,20 +180,15 @@ class Supervisor:
     async def _publish_loop(self) -> None:
         while True:
             await asyncio.sleep(PUBLISH_POLL_S)
-            self.publish(force=clock.monotonic() - self._sent_at >= PUBLISH_EVERY_S)
+            self.publish(force=self.gw.clock.now() - self._sent_at >= PUBLISH_EVERY_S)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def start(self) -> None:
         """Start every worker; return once all listen (or raise after START_TIMEOUT_S)."""
-        self._spawn_task(self._publish_loop(), "publish")
+        self._tasks.spawn(self._publish_loop(), "publish")
         for s in self.slots:
-            self._spawn_task(self._keep(s), f"worker-{s.index}")
+            self._tasks.spawn(self._keep(s), f"worker-{s.index}")
         async with asyncio.timeout(START_TIMEOUT_S):
             for s in self.slots:
                 await s.ready.wait()
@@ -208,13 +210,13 @@ class Supervisor:
                 return
             code = s.proc.returncode if s.proc is not None else None
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-            self.gw.events.record(
+            self.gw.health.events.record(
                 f"worker-{s.index}", "running", "restarting",
                 f"proxy worker {s.index} (pid {s.pid}) exited unasked ({how}); starting another",
                 {"pid": s.pid, "returncode": code}, "worker",
             )  # fmt: skip
             s.restarts += 1
-            if clock.monotonic() - s.started >= STABLE_AFTER_S:
+            if self.gw.clock.now() - s.started >= STABLE_AFTER_S:
                 pause = RESTART_MIN_S
             await asyncio.sleep(pause)
             pause = min(RESTART_MAX_S, pause * 2)
@@ -231,7 +233,7 @@ class Supervisor:
             )  # fmt: skip
         finally:
             child.close()
-        s.started = clock.monotonic()
+        s.started = self.gw.clock.now()
         s.pid = s.proc.pid
         reader, writer = await asyncio.open_unix_connection(sock=parent)
         cfg = self.gw.config
@@ -242,7 +244,7 @@ class Supervisor:
             admin_socket=self.admin_socket,
             rows=self.table.rows,
             backends=self.table.names,
-            view=export(self.gw.fleet, clock.monotonic()),
+            view=export(self.gw.health.fleet, self.gw.clock.now()),
         )
         send(writer, hello)
         s.writer = writer  # from here on it gets every view and ejection
@@ -255,8 +257,7 @@ class Supervisor:
             log.info("worker %d (pid %d) exited with %s", s.index, s.pid, s.proc.returncode)
 
     async def _serve(self, s: Slot, reader: asyncio.StreamReader) -> None:
-        gw = self.gw
-        report = gw.report
+        report = self.gw.health.report
         while True:
             try:
                 msg = await receive(reader)
@@ -265,9 +266,7 @@ class Supervisor:
             if isinstance(msg, Outcomes):
                 for item in msg.items:
                     name, obs = unpack(item)
-                    report(name, obs)
-                    if type(obs) is FirstByteOverdue and gw.prober is not None:
-                        gw.prober.poke(name)
+                    report(name, obs)  # an overdue first byte also pokes the probers
                 # Frames already buffered are read without suspending: let the probers and
                 # the admin API run between batches, however far behind the workers are.
                 await asyncio.sleep(0)
@@ -299,10 +298,7 @@ class Supervisor:
                         p.kill()
             if late:
                 await asyncio.wait(late, timeout=KILL_AFTER_S)
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel()
 
     # -- admin --------------------------------------------------------------------------------
 
@@ -344,41 +340,38 @@ def _reserve_port(host: str, port: int) -> socket.socket:
 
 async def run_cluster(cfg: Config) -> None:
     """`pulsegate serve` with `gateway.workers` > 1; returns after a graceful shutdown."""
-    import gc
-
-    from pulsegate.app import build_app
-    from pulsegate.server import GC_GEN0
-
     n = cfg.gateway.workers
+    clock = SystemClock(asyncio.get_running_loop())
     table = InflightTable.create(n, [b.name for b in cfg.backends])
     placeholder = _reserve_port(cfg.gateway.host, cfg.gateway.port)
     port = placeholder.getsockname()[1]
     tmp = tempfile.mkdtemp(prefix="pulsegate-")
     admin_socket = os.path.join(tmp, "primary.sock")
-    gw = PrimaryGateway(cfg, table)
-    sup = gw.cluster = Supervisor(gw, table, port, admin_socket)
-    app = build_app(gw, admin_extra=[("GET", "/admin/workers", sup.workers_view)])
+    gw = Primary(cfg, clock, table)
+    sup = Supervisor(gw, table, port, admin_socket)
+    gw.connect(sup)
+    app = build_app(cfg, view=gw, admin_extra=[("GET", "/admin/workers", sup.workers_view)])
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.UnixSite(runner, admin_socket, shutdown_timeout=1.0)
+    site = web.UnixSite(runner, admin_socket, shutdown_timeout=runtime.SITE_SHUTDOWN_S)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    runtime.stop_on_signals(stop)
+    session = runtime.client_session(cfg.retry.connect_timeout)
     try:
         await site.start()
-        await gw.start()
-        gc.freeze()
-        gc.set_threshold(GC_GEN0, 10, 10)
+        gw.health.start(session, gw.tasks)
+        runtime.tune_gc()
         await sup.start()
         print(f"pulsegate listening on http://{cfg.gateway.host}:{port} ({n} workers)", flush=True)
         await stop.wait()
     finally:
-        gw.shutting_down = True
         log.info("shutting down %d worker(s), grace %.1fs", n, cfg.streaming.shutdown_grace)
         await sup.stop(cfg.streaming.shutdown_grace)
         await runner.cleanup()
-        await gw.close()
+        await gw.health.close()
+        await gw.tasks.cancel()
+        await session.close()
         placeholder.close()
         table.close()
+        clock.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -3,8 +3,9 @@
 Started by the primary (`python -m pulsegate.cluster.worker`), never by hand. It gets its
 config, its slot and the current verdicts in the channel's first frame, binds the
 gateway's port with SO_REUSEPORT, and runs the ordinary proxy path (Forwarder, Relay,
-Balancer) against a `FleetMirror`. Observations go back to the primary instead of into a
-local health core; an `Ejected` notice does here what an ejection does in one process.
+Balancer) against a `FleetMirror`, composed in `Worker`. Observations go back to the
+primary instead of into a local health core; an `Ejected` notice does here what an
+ejection does in one process.
 
 It exits when the primary says `Stop`, on SIGTERM/SIGINT, and when the primary is gone
 (channel EOF, or PR_SET_PDEATHSIG): always through the same graceful shutdown as
@@ -16,19 +17,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import os
+import random
 import signal
 import socket
-import sys
-from collections.abc import Sequence
 
 import aiohttp
 from aiohttp import web
 
-from pulsegate import clock
+from pulsegate import runtime
 from pulsegate.app import build_app
+from pulsegate.balancer import Balancer
+from pulsegate.clock import Clock, SystemClock
 from pulsegate.cluster.channel import (
     ChannelClosed,
     Ejected,
@@ -46,10 +47,17 @@ from pulsegate.cluster.metrics import STATS_INTERVAL_S, snapshot
 from pulsegate.cluster.mirror import FleetMirror, View
 from pulsegate.cluster.shared import InflightTable, RowCounts, Totals
 from pulsegate.config import Config
-from pulsegate.gateway import Gateway
 from pulsegate.health.observations import Observation, Outcome, RequestResult
-from pulsegate.health.verdict import Verdict
+from pulsegate.observe.metrics import Registry
+from pulsegate.proxy.attempt import AttemptOpener
 from pulsegate.proxy.errors import error_response
+from pulsegate.proxy.forward import Forwarder
+from pulsegate.proxy.metrics import ProxyMetrics
+from pulsegate.proxy.route import BalancedRouter
+from pulsegate.proxy.state import ProxyState
+from pulsegate.proxy.targets import target
+from pulsegate.proxy.upstream import Upstream
+from pulsegate.runtime import TaskSet
 
 log = logging.getLogger("pulsegate.worker")
 
@@ -67,43 +75,15 @@ _TO_PRIMARY = ("authorization", "content-type", "accept")
 _FROM_PRIMARY = ("content-type", "retry-after", "cache-control")
 
 
-class WorkerGateway(Gateway):
-    """The proxy half of a Gateway: verdicts from the primary, outcomes back to it."""
+class ChannelOutcomes:
+    """The worker's `Outcomes`: observations go to the primary's health core, in order.
+    Successes wait at most FLUSH_S to travel in a batch; anything else leaves on the loop's
+    next turn."""
 
-    fleet: FleetMirror  # type: ignore[assignment]
-
-    def __init__(
-        self, config: Config, table: InflightTable, slot: int, writer: asyncio.StreamWriter
-    ) -> None:
-        super().__init__(config)
-        self.fleet = FleetMirror()
-        self.slot = slot
-        self.table = table
-        self.own = RowCounts(table, slot)
-        self.inflight = self.own
-        self.load = Totals(table)
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
         self._outbox: list[tuple[str, Observation]] = []
         self._flush_at: asyncio.Handle | None = None
-        self.view_lag_s = 0.0
-
-    def apply(self, view: View) -> None:
-        self.fleet.apply(view)
-        self.view_lag_s = max(0.0, clock.monotonic() - view.sent)
-
-    # -- routing: gateway-wide max_inflight ---------------------------------------------------
-
-    def pick(self, model: str, tried: Sequence[str], session_key: str | None) -> Verdict | None:
-        verdict = super().pick(model, tried, session_key)
-        while verdict is not None and verdict.max_inflight > 0:
-            if self.own.reserve(verdict.name, verdict.max_inflight):
-                return verdict
-            # Another worker took the last slot between our read and our claim.
-            tried = [*tried, verdict.name]
-            verdict = super().pick(model, tried, session_key)
-        return verdict
-
-    # -- observations go to the primary's health core -----------------------------------------
 
     def report(self, name: str, obs: Observation) -> None:
         self._outbox.append((name, obs))
@@ -121,15 +101,74 @@ class WorkerGateway(Gateway):
             send(self._writer, Outcomes([pack(name, obs) for name, obs in self._outbox]))
             self._outbox = []
 
+
+class Worker:
+    """The proxy half of a gateway: verdicts from the primary, outcomes back to it, the
+    in-flight counts in the shared table (its own row; routing reads the totals)."""
+
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock,
+        table: InflightTable,
+        slot: int,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.slot = slot
+        self.table = table
+        self.registry = Registry()
+        self.metrics = ProxyMetrics(self.registry)
+        self.mirror = FleetMirror()
+        self.outcomes = ChannelOutcomes(writer)
+        own = RowCounts(table, slot)
+        load = Totals(table)
+        router = BalancedRouter(
+            self.mirror, Balancer(config.routing, random.Random()), load, claim=own.reserve
+        )
+        self.proxy = ProxyState(
+            table.names,
+            clock,
+            router,
+            self.mirror,
+            self.outcomes,
+            config.routing.queue_max,
+            inflight=own,
+            load=load,
+        )
+        self._writer = writer
+        self.view_lag_s = 0.0
+        self.tasks = TaskSet(f"worker {slot}")
+        self.upstream: Upstream | None = None
+
+    def apply(self, view: View) -> None:
+        self.mirror.apply(view)
+        self.view_lag_s = max(0.0, self.clock.now() - view.sent)
+
     def send_stats(self) -> None:
-        send(self._writer, Stats(snapshot(self.registry), self.queue.depth, self.view_lag_s))
+        send(self._writer, Stats(snapshot(self.metrics), self.proxy.queue.depth, self.view_lag_s))
 
-    # -- drivers ------------------------------------------------------------------------------
-
-    def _start_health(self) -> None:
+    def start(self) -> Forwarder:
+        cfg = self.config
+        upstream = self.upstream = Upstream(cfg.retry.connect_timeout, now=self.clock.now)
+        targets = {b.name: target(b) for b in cfg.backends}
+        opener = AttemptOpener(upstream, self.proxy, self.outcomes, self.metrics, self.clock)
         # No probers, alerts or health tick here: the primary runs them once for all workers.
-        self._spawn(self._stats_loop(), "worker-stats")
-        self._spawn(self._remote_release_loop(), "remote-releases")
+        self.tasks.spawn(self.proxy.watch_first_bytes(), "first-byte-watch")
+        self.tasks.spawn(self._stats_loop(), "worker-stats")
+        self.tasks.spawn(self._remote_release_loop(), "remote-releases")
+        return Forwarder(
+            cfg,
+            targets,
+            self.proxy,
+            self.proxy.router,
+            self.mirror,
+            self.outcomes,
+            opener,
+            self.metrics,
+            self.clock,
+        )
 
     async def _stats_loop(self) -> None:
         while True:
@@ -140,21 +179,24 @@ class WorkerGateway(Gateway):
         """Wake a waiter for capacity when another worker frees a slot: a release wakes only
         the waiters of the process that released."""
         names = self.table.names
+        queue = self.proxy.queue
         last: list[int] | None = None
         while True:
-            await asyncio.sleep(RELEASE_POLL_S if self.queue.depth else IDLE_POLL_S)
-            if not self.queue.depth:
+            await asyncio.sleep(RELEASE_POLL_S if queue.depth else IDLE_POLL_S)
+            if not queue.depth:
                 last = None
                 continue
             now = self.table.others(self.slot)
             for i, name in enumerate(names):
                 if last is None or now[i] < last[i]:
-                    self.queue.wake_for(self.fleet.backend_models(name))
+                    queue.wake_for(self.mirror.backend_models(name))
             last = now
 
     async def close(self) -> None:
-        await super().close()
-        self.flush()
+        await self.tasks.cancel()
+        if self.upstream is not None:
+            await self.upstream.close()
+        self.outcomes.flush()
         self.send_stats()
 
 
@@ -196,63 +238,59 @@ class PrimaryRelay:
 
 
 async def run_worker(channel_fd: int, inflight_fd: int) -> None:
-    from pulsegate.server import GC_GEN0, shutdown
-
     sock = socket.socket(fileno=channel_fd)
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     hello = await receive(reader)
     if not isinstance(hello, Hello):
         raise RuntimeError(f"expected Hello, got {type(hello).__name__}")
     cfg = hello.config
+    clock = SystemClock(asyncio.get_running_loop())
     table = InflightTable(inflight_fd, hello.rows, hello.backends)
-    gw = WorkerGateway(cfg, table, hello.slot, writer)
-    gw.fleet.apply(hello.view)  # not `apply`: its delay includes this process's start-up
+    w = Worker(cfg, clock, table, hello.slot, writer)
+    w.mirror.apply(hello.view)  # not `apply`: its delay includes this process's start-up
     relay = PrimaryRelay(hello.admin_socket)
-    app = build_app(gw, to_primary=relay.handle)
+    fwd = w.start()
+    app = build_app(cfg, proxy=(fwd, w.mirror), to_primary=relay.handle)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(
-        runner, cfg.gateway.host, hello.port, shutdown_timeout=1.0, reuse_port=True, backlog=1024
-    )
-    await gw.start()
+    site = runtime.tcp_site(runner, cfg.gateway.host, hello.port, reuse_port=True)
     await relay.start()
-    gc.freeze()
-    gc.set_threshold(GC_GEN0, 10, 10)
+    runtime.tune_gc()
     await site.start()
     send(writer, Ready(os.getpid()))
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    listener = loop.create_task(_listen(gw, reader, stop), name="from-primary")
+    runtime.stop_on_signals(stop)
+    listener = w.tasks.spawn(_listen(w, reader, stop), "from-primary")
     try:
         await stop.wait()
     finally:
         try:
-            await shutdown(gw, runner, site, cfg.streaming.shutdown_grace)
+            await runtime.shutdown(w.proxy, runner, site, cfg.streaming.shutdown_grace)
         finally:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await listener
+            await w.close()
             await relay.close()
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
             writer.close()
             table.close()
+            clock.close()
 
 
-async def _listen(gw: WorkerGateway, reader: asyncio.StreamReader, stop: asyncio.Event) -> None:
+async def _listen(w: Worker, reader: asyncio.StreamReader, stop: asyncio.Event) -> None:
     try:
         while True:
             msg = await receive(reader)
             if isinstance(msg, ViewUpdate):
-                gw.apply(msg.view)
+                w.apply(msg.view)
             elif isinstance(msg, Ejected):
-                gw.cut_ejected(msg.backend, msg.cause)
+                w.proxy.cut_ejected(msg.backend, msg.cause)
             elif isinstance(msg, Stop):
                 break
     except ChannelClosed:
-        log.warning("worker %d: the primary is gone; shutting down", gw.slot)
+        log.warning("worker %d: the primary is gone; shutting down", w.slot)
     stop.set()
 
 
@@ -275,16 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inflight-fd", type=int, required=True)
     ap.add_argument("--parent", type=int, required=True, help="the primary's PID")
     args = ap.parse_args(argv)
-    from pulsegate.server import _install_uvloop
-
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s %(levelname)s %(name)s[worker {os.getpid()}] %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    runtime.setup_logging(f"[worker {os.getpid()}]")
     _die_with_parent(args.parent)
-    _install_uvloop()
+    runtime.install_uvloop()
     asyncio.run(run_worker(args.channel_fd, args.inflight_fd))
     return 0
 

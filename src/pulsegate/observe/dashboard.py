@@ -22,10 +22,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from pulsegate import clock
-from pulsegate.gateway import Gateway
 from pulsegate.health.verdict import State
 from pulsegate.observe.metrics import Gauge
+from pulsegate.observe.view import GatewayView
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Guard = Callable[[Handler], Handler]
@@ -54,11 +53,12 @@ def is_failure(code: str) -> bool:
     return code[:1] not in ("2", "3", "4")
 
 
-def take_sample(gw: Gateway, now: float) -> Sample:
-    attempts: dict[str, float] = dict.fromkeys(gw.backends, 0.0)
-    failures: dict[str, float] = dict.fromkeys(gw.backends, 0.0)
+def take_sample(gw: GatewayView, now: float) -> Sample:
+    m = gw.proxy_metrics
+    attempts: dict[str, float] = dict.fromkeys(gw.names(), 0.0)
+    failures: dict[str, float] = dict.fromkeys(gw.names(), 0.0)
     settled = 0.0
-    for (backend, _model, code), n in gw.m_requests.values.items():
+    for (backend, _model, code), n in m.requests.values.items():
         attempts[backend] = attempts.get(backend, 0.0) + n
         if is_failure(code):
             failures[backend] = failures.get(backend, 0.0) + n
@@ -66,12 +66,12 @@ def take_sample(gw: Gateway, now: float) -> Sample:
             settled += n
     return Sample(
         t=now,
-        requests=gw.m_request_seconds.count(),
+        requests=m.request_seconds.count(),
         settled=settled,
         attempts=attempts,
         failures=failures,
-        retries=sum(gw.m_retries.values.values()),
-        resumes=gw.m_resumes.get(),
+        retries=sum(m.retries.values.values()),
+        resumes=m.resumes.get(),
     )
 
 
@@ -105,18 +105,18 @@ def _ratio(num: float, den: float) -> float | None:
 
 
 def summary(
-    gw: Gateway, window: RateWindow, now: float, token_required: bool, started: float = 0.0
+    gw: GatewayView, window: RateWindow, now: float, token_required: bool, started: float = 0.0
 ) -> dict[str, Any]:
     """Totals, rates (None when no window yet) and per-backend traffic shares."""
     cur = take_sample(gw, now)
     base = window.base(now)
     window.add(cur)
     states: dict[str, int] = {}
-    for name in gw.backends:
-        st = str(gw.fleet.snapshot(name)["state"])
+    for name in gw.names():
+        st = str(gw.health.fleet.snapshot(name)["state"])
         states[st] = states.get(st, 0) + 1
     doc: dict[str, Any] = {
-        "ts": round(clock.wall(), 3),
+        "ts": round(gw.health.clock.wall(), 3),
         # When this gateway process started serving: a page left open across a restart sees
         # it change and starts its event list over (event ids restart at 1).
         "started": started,
@@ -131,13 +131,13 @@ def summary(
         "attempt_failure_rate": None,
         "retries_total": cur.retries,
         "retries_per_s": None,
-        "retries_by_reason": {k[0]: v for k, v in gw.m_retries.values.items()},
+        "retries_by_reason": {k[0]: v for k, v in gw.proxy_metrics.retries.values.items()},
         "resumes_total": cur.resumes,
         "resumes_per_s": None,
-        "ejections_total": sum(gw.m_ejections.values.values()),
+        "ejections_total": sum(gw.health.metrics.ejections.values.values()),
         "inflight": sum(gw.inflight.values()),
-        "panic": bool(gw.fleet.panic),
-        "panic_models": sorted(gw.fleet.panic_models),
+        "panic": bool(gw.health.fleet.panic),
+        "panic_models": sorted(gw.health.fleet.panic_models),
         "states": states,
         "admin_token_required": token_required,
         "thresholds": {
@@ -146,7 +146,7 @@ def summary(
         },
         "backends": {
             name: {"attempts_per_s": None, "share": None, "failure_rate": None}
-            for name in gw.backends
+            for name in gw.names()
         },
     }
     if base is None:
@@ -176,12 +176,12 @@ def summary(
     return doc
 
 
-def model_backends(gw: Gateway) -> Iterable[tuple[tuple[str, ...], float]]:
+def model_backends(gw: GatewayView) -> Iterable[tuple[tuple[str, ...], float]]:
     """(model, state) -> number of backends serving the model in that state; zeros included."""
     counts: dict[tuple[str, str], int] = {}
-    for name in gw.backends:
-        state = str(gw.fleet.snapshot(name)["state"])
-        for model in gw.fleet.backend_models(name):
+    for name in gw.names():
+        state = str(gw.health.fleet.snapshot(name)["state"])
+        for model in gw.health.fleet.backend_models(name):
             for st in State:
                 counts.setdefault((model, st.value), 0)
             counts[(model, state)] = counts.get((model, state), 0) + 1
@@ -189,14 +189,15 @@ def model_backends(gw: Gateway) -> Iterable[tuple[tuple[str, ...], float]]:
         yield (model, state), float(n)
 
 
-def register(app: web.Application, gw: Gateway, guard: Guard) -> None:
+def register(app: web.Application, gw: GatewayView, guard: Guard) -> None:
     """Add `GET /admin/summary` (guarded) and the per-model backend-state gauge."""
     window = RateWindow()
     token_required = gw.config.gateway.admin_token_env is not None
-    started = round(clock.wall(), 3)
+    c = gw.health.clock
+    started = round(c.wall(), 3)
 
     async def get_summary(request: web.Request) -> web.StreamResponse:
-        doc = summary(gw, window, clock.monotonic(), token_required, started)
+        doc = summary(gw, window, c.now(), token_required, started)
         return web.Response(body=orjson.dumps(doc), content_type="application/json")
 
     app.router.add_get("/admin/summary", guard(get_summary))

@@ -30,10 +30,16 @@ _ALERT_ON = {
 
 
 class EventLog:
-    def __init__(self, capacity: int = 2000, alert: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(
+        self,
+        capacity: int = 2000,
+        alert: Callable[[dict[str, Any]], None] | None = None,
+        wall: Callable[[], float] = clock.wall,
+    ) -> None:
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
         self._seq = itertools.count(1)
         self._alert = alert
+        self._wall = wall  # the gateway clock's wall time (`pulsegate.clock`)
 
     def record(
         self,
@@ -46,7 +52,7 @@ class EventLog:
     ) -> dict[str, Any]:
         ev: dict[str, Any] = {
             "id": next(self._seq),
-            "ts": round(clock.wall(), 3),
+            "ts": round(self._wall(), 3),
             "kind": cause if cause in ("panic", "min_ready") else "transition",
             "cause": cause,
             "backend": backend,

@@ -1,260 +1,203 @@
 """The stream relay: one client stream, one or more upstreams, exactly one `[DONE]`.
 
 `Relay.run` forwards the first upstream's events unchanged, watches it with a stall
-watchdog, and when it breaks continues on another backend (see `stream.py` for how the
-continuation is built). A client disconnect cancels the handler (aiohttp's handler
-cancellation), which closes the upstream in `finally`: no orphaned generation.
+watchdog (`watchdog.py`), and when it breaks continues on another backend (see `resume.py`
+for how the continuation is built): it asks its continuation-target callable for a backend
+and opens it with the attempt opener, the same one every first attempt uses. A client
+disconnect cancels the handler (aiohttp's handler cancellation), which closes the upstream
+in `finally`: no orphaned generation.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
-from pulsegate import stall as loop_stall
+from pulsegate.clock import Clock
 from pulsegate.health.observations import FirstByteOverdue, Outcome, RequestResult
+from pulsegate.proxy.attempt import AttemptOpener, Failure, Opened
 from pulsegate.proxy.classify import describe
+from pulsegate.proxy.cuts import MALFORMED, NO_DONE, Cut, CutKind, Evidence, failed
 from pulsegate.proxy.errors import sse_error_event
-from pulsegate.proxy.sse import Event as SSEEvent
-from pulsegate.proxy.sse import SSEParser
-from pulsegate.proxy.stops import StopFilter, stop_strings
-from pulsegate.proxy.stream import (
+from pulsegate.proxy.metrics import ProxyMetrics
+from pulsegate.proxy.ports import Outcomes
+from pulsegate.proxy.request import ProxyRequest
+from pulsegate.proxy.resume import (
     StreamState,
     finish_chunk,
     remaining_tokens,
     resume_body,
     resume_refusal,
     rewrite,
-    token_count,
-    tokenize_request,
     track,
 )
+from pulsegate.proxy.sse import Event as SSEEvent
+from pulsegate.proxy.sse import SSEParser
+from pulsegate.proxy.state import ProxyState
+from pulsegate.proxy.stops import StopFilter
+from pulsegate.proxy.targets import Target
 from pulsegate.proxy.upstream import Response as UpstreamResponse
 from pulsegate.proxy.upstream import UpstreamError
-
-if TYPE_CHECKING:
-    from pulsegate.gateway import BackendRuntime
-    from pulsegate.proxy.forward import Forwarder
+from pulsegate.proxy.watchdog import Closable, Watchdog
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-_GO_ON = ""  # `Relay._relay`: the upstream may send more (a reason why it broke is never "")
 _DONE = b"data: [DONE]\n\n"
-# Once its backend is ejected, a stream idle this long is cut and resumed elsewhere.
-EJECTED_STALL_S = 0.25
-# Counting the sent text's tokens on the continuation target: ~1-50 ms for vLLM; past this
-# the event count is used rather than delay the resume further.
-TOKENIZE_TIMEOUT_S = 2.0
+# `Relay._relay`: the upstream may send more (compared by identity, never sent anywhere).
+_GO_ON = Cut(CutKind.FAILED, "")
+
+# Where a broken stream would continue now (a backend not tried yet), or None.
+ContinuationTarget = Callable[[Sequence[str]], Target | None]
 
 
-class Closable(Protocol):
-    """What the watchdog needs of an upstream response: closing it wakes the pending read."""
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """What the relay needs of the config, computed once."""
 
-    def close(self) -> None: ...
-
-
-class Watchdog:
-    """Closes the upstream when no bytes arrived for `stall` seconds - if the stream can go on.
-
-    A cut stream is continued on another backend; with none to continue on (the only engine
-    left is slow, or the request cannot be resumed), a cut turns a slow stream into a client
-    error. So the cut happens only when `may_cut()` says a continuation can be had, or once
-    `deadline` (loop time: the request's own `retry.request_timeout`) has passed; otherwise
-    the stream keeps waiting and the check repeats every `stall` seconds.
-
-    One timer per stall period rather than one per chunk: `touch()` only stores a time."""
-
-    __slots__ = (
-        "_deadline",
-        "_handle",
-        "_hint",
-        "_loop",
-        "_may_cut",
-        "_resp",
-        "last",
-        "reason",
-        "stall",
-    )
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        resp: Closable,
-        stall: float,
-        may_cut: Callable[[], bool] | None = None,
-        deadline: float = math.inf,
-    ) -> None:
-        self._loop = loop
-        self._resp = resp
-        self.stall = stall
-        self._may_cut = may_cut
-        self._deadline = deadline
-        self.last = loop.time()
-        self.reason: str | None = None
-        self._hint = "stalled"
-        self._handle: asyncio.Handle | None = loop.call_later(stall, self._check)
-
-    def touch(self) -> None:
-        self.last = self._loop.time()
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        idle = now - self.last
-        if idle >= self.stall:
-            # Time our own loop stood still is not the engine's silence: its tokens may be
-            # sitting unread (pulsegate.stall).
-            idle = loop_stall.running(self.last, now)
-        if idle < self.stall:
-            self._handle = self._loop.call_later(
-                max(self.stall - idle, loop_stall.RECHECK_S), self._check
-            )
-        elif self._may_cut is None or self._may_cut():
-            self.cut(f"{self._hint}: no token for {idle * 1000:.0f}ms")
-        elif now >= self._deadline:
-            self.cut(f"{self._hint}: no token for {idle * 1000:.0f}ms, request deadline reached")
-        else:
-            # Nowhere to continue: keep waiting for the slow stream, within the deadline.
-            wait = min(self.stall, max(0.0, self._deadline - now))
-            self._handle = self._loop.call_later(wait, self._check)
-
-    def tighten(self, stall: float, reason: str) -> None:
-        """The backend was ejected: cut the stream if it idles `stall` seconds, whether or
-        not it can be continued elsewhere. The health core judged the engine sick: an idle
-        stream on it is not "slow but alive", and must not hold its client until the
-        request's deadline (minutes) for want of another backend."""
-        self._hint = reason
-        self._may_cut = None
-        if stall < self.stall and self.reason is None:
-            self.stall = stall
-            if self._handle is not None:
-                self._handle.cancel()
-            self._handle = self._loop.call_soon(self._check)
-
-    def cut(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-        self.stop()
-        self._resp.close()  # wakes the pending read with ClientConnectionError
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+    resume: bool
+    max_resumes: int
+    stall: float  # streaming.stall_timeout
+    per_try: float  # a continuation's wait for its first token
+    request_timeout: float
+    max_attempts: int  # continuation targets tried per resume
+    resume_unable: tuple[str, ...]  # backends with `resume: none`
 
 
 class Relay:
     def __init__(
         self,
-        fwd: Forwarder,
         request: web.Request,
-        doc: dict[str, Any],
-        path: str,
-        model: str,
+        req: ProxyRequest,
         tried: list[str],
-        session_key: str | None,
+        settings: StreamSettings,
+        state: ProxyState,
+        opener: AttemptOpener,
+        continuation_target: ContinuationTarget,
+        targets: Mapping[str, Target],
+        outcomes: Outcomes,
+        metrics: ProxyMetrics,
+        clock: Clock,
     ) -> None:
-        self.fwd = fwd
-        self.gw = fwd.gw
         self.request = request
-        self.doc = doc
-        self.path = path
-        self.model = model
+        self.req = req
+        self.doc = req.doc
         self.tried = tried
-        self.session_key = session_key
-        so = doc.get("stream_options")
+        self.settings = settings
+        self.proxy = state
+        self.opener = opener
+        self.continuation_target = continuation_target
+        self.targets = targets
+        self.outcomes = outcomes
+        self.metrics = metrics
+        self.clock = clock
+        so = self.doc.get("stream_options")
         self.include_usage = isinstance(so, dict) and so.get("include_usage") is True
         self.continuous_usage = isinstance(so, dict) and so.get("continuous_usage_stats") is True
-        cfg = self.gw.config.streaming
-        self.resume_enabled = cfg.resume
-        self.max_resumes = cfg.max_resumes
-        self.stall = cfg.stall_timeout
         self.state = StreamState()
-        stops = stop_strings(doc)
-        self.stops = StopFilter(stops) if stops else None
+        self.stops = StopFilter(req.stops) if req.stops else None
         self.resumes = 0
-        # A stalled stream with nowhere to continue waits at most until then (loop time).
-        self.deadline = asyncio.get_running_loop().time() + fwd.request_timeout
+        # A stalled stream with nowhere to continue waits at most until then.
+        self.deadline = clock.now() + settings.request_timeout
 
-    async def run(
-        self,
-        backend: BackendRuntime,
-        resp: UpstreamResponse,
-        first: bytes,
-        headers: dict[str, str],
-    ) -> web.StreamResponse:
-        """Relay `resp` (whose first chunk is `first`) and any continuations. The caller
-        acquired `backend`; the relay releases every backend it used."""
-        gw = self.gw
+    async def run(self, opened: Opened, headers: dict[str, str]) -> web.StreamResponse:
+        """Relay `opened` and any continuations. The caller acquired its backend; the relay
+        releases every backend it used."""
+        proxy, metrics, model = self.proxy, self.metrics, self.req.model
+        target, resp, first = opened.target, opened.resp, opened.first
         out = self._out = web.StreamResponse(status=resp.status, headers=headers)
         out.headers.update(_SSE_HEADERS)
-        held: str | None = backend.name  # the backend acquired (in flight) right now
+        held: str | None = target.name  # the backend acquired (in flight) right now
         try:
             await out.prepare(self.request)
             while True:
-                broken = await self._pump(out, backend, resp, first, rewriting=self.resumes > 0)
+                cut = await self._pump(out, target, resp, first, rewriting=self.resumes > 0)
                 resp.close()
-                if broken is None:
-                    gw.m_requests.inc((backend.name, self.model, str(resp.status)))
+                if cut is None:
+                    metrics.requests.inc((target.name, model, str(resp.status)))
                     await out.write_eof()
                     return out
-                if broken.startswith("stalled"):
-                    # Our own watchdog cut a quiet stream: suspect evidence (new requests go
-                    # elsewhere, probes speed up), not a hard failure. A busy but healthy
-                    # engine must not be ejected by five slow streams (R17, R21).
-                    gw.report(backend.name, FirstByteOverdue(1, self.stall))
-                elif not broken.startswith(("backend ejected", "the gateway is shutting")):
-                    gw.report(backend.name, RequestResult(Outcome.STREAM_BROKEN, None, None))
-                gw.m_requests.inc((backend.name, self.model, "stream_broken"))
-                gw.release(backend.name)
+                self._blame(target.name, cut)
+                metrics.requests.inc((target.name, model, "stream_broken"))
+                proxy.release(target.name)
                 held = None
                 refusal = self._refusal()
                 if refusal is not None:
-                    await self._end_with_error(f"stream from {backend.name} {broken}; {refusal}")
+                    await self._end_with_error(f"stream from {target.name} {cut}; {refusal}")
                     return out
                 if self._all_sent():
                     await self._finish()
                     return out
-                # The continuation target counts the tokens already sent (`_continuation`).
-                opened = await self.fwd.reopen(
-                    self.path, self._continuation, self.model, self.tried, self.session_key
-                )
-                if not isinstance(opened, tuple):
+                reopened = await self._reopen()
+                if not isinstance(reopened, Opened):
                     if self._all_sent():  # counted exactly on the target: nothing is missing
                         await self._finish()
                         return out
-                    why = opened.detail if opened is not None else "no healthy backend left"
+                    why = reopened.detail if reopened is not None else "no healthy backend left"
                     await self._end_with_error(
-                        f"stream from {backend.name} {broken}; resume failed: {why}"
+                        f"stream from {target.name} {cut}; resume failed: {why}"
                     )
                     return out
-                backend, resp, first = opened
-                held = backend.name
+                target, resp, first = reopened.target, reopened.resp, reopened.first
+                held = target.name
                 self.resumes += 1
-                gw.m_resumes.inc()
+                metrics.resumes.inc()
         finally:
             resp.close()
             if held is not None:
-                gw.release(held)
+                proxy.release(held)
+
+    def _blame(self, name: str, cut: Cut) -> None:
+        """Tell the health core what the cut says about the backend."""
+        ev = cut.evidence
+        if ev is Evidence.SUSPECT:
+            # Our own watchdog cut a quiet stream: suspect evidence (new requests go
+            # elsewhere, probes speed up), not a hard failure. A busy but healthy engine
+            # must not be ejected by five slow streams (R17, R21).
+            self.outcomes.report(name, FirstByteOverdue(1, self.settings.stall))
+        elif ev is Evidence.FAILURE:
+            self.outcomes.report(name, RequestResult(Outcome.STREAM_BROKEN, None, None))
+
+    async def _reopen(self) -> Opened | Failure | None:
+        """Open a continuation on a backend not yet tried for this request; None: there is
+        none, or every requested token has already reached the client. On success the
+        backend is acquired (in flight)."""
+        proxy = self.proxy
+        last: Failure | None = None
+        for _ in range(self.settings.max_attempts):
+            target = self.continuation_target(self.tried)
+            if target is None:
+                break
+            self.tried.append(target.name)
+            proxy.acquire(target.name)
+            body = await self._continuation(target)
+            if body is None:
+                proxy.release(target.name)
+                return None
+            opened = await self.opener.open(
+                target, self.req.path, body, True, self.settings.per_try
+            )
+            if isinstance(opened, Failure):
+                proxy.release(target.name)
+                last = opened
+                continue
+            return opened
+        return last
 
     def _refusal(self) -> str | None:
         """Why this stream must not be continued elsewhere now, or None."""
         if self.state.done:
             return "after [DONE]"
-        if self.gw.shutting_down:
+        if self.proxy.shutting_down:
             return "the gateway is shutting down"
-        if not self.resume_enabled:
+        s = self.settings
+        if not s.resume:
             return "stream resume is disabled"
-        if self.resumes >= self.max_resumes:
+        if self.resumes >= s.max_resumes:
             return f"already resumed {self.resumes} time(s)"
         return resume_refusal(self.doc, self.state)
-
-    def _watchdog(self, resp: Closable) -> Watchdog:
-        return Watchdog(asyncio.get_running_loop(), resp, self.stall, self._may_cut, self.deadline)
 
     def _may_cut(self) -> bool:
         """A stall is cut only when the stream could be continued elsewhere right now: with
@@ -262,7 +205,7 @@ class Relay:
         engine left on a starved box, docs/real-engines.md finding 6)."""
         if self._refusal() is not None:
             return False
-        return self.fwd.pick_continuation(self.model, self.tried, self.session_key) is not None
+        return self.continuation_target(self.tried) is not None
 
     def _all_sent(self) -> bool:
         left = remaining_tokens(self.doc, self.state)
@@ -271,11 +214,11 @@ class Relay:
     async def _finish(self) -> None:
         """Every requested token reached the client: only the ending was lost."""
         out = self._out
-        await out.write(finish_chunk(self.state, self.path))
+        await out.write(finish_chunk(self.state, self.req.path))
         await out.write(_DONE)
         await out.write_eof()
 
-    async def _continuation(self, target: BackendRuntime) -> bytes | None:
+    async def _continuation(self, target: Target) -> bytes | None:
         """The request continuing this stream on `target`; None when every requested token
         has already reached the client.
 
@@ -285,50 +228,32 @@ class Relay:
         continuation would be asked for too many tokens (803 for `max_tokens` 800) and the
         merged usage would be wrong. Without `/tokenize` the event count stands."""
         state = self.state
-        counted = await self._count_tokens(target, state.sent_text(0))
+        counted = await self.opener.count_tokens(target, self.req.model, state.sent_text(0))
         if counted is not None:
             state.tokens = counted
         if self._all_sent():
             return None
         state.tokens_before = state.tokens
-        return resume_body(self.doc, self.path, state)
-
-    async def _count_tokens(self, target: BackendRuntime, text: str) -> int | None:
-        """Tokens in `text` by `target`'s tokenizer, or None when it cannot tell us."""
-        if not text:
-            return 0
-        try:
-            async with asyncio.timeout(TOKENIZE_TIMEOUT_S):
-                r = await self.gw.session.post(
-                    target.url + "/tokenize",
-                    data=tokenize_request(self.model, text),
-                    headers=target.headers,
-                )
-                try:
-                    return token_count(await r.read()) if r.status == 200 else None
-                finally:
-                    r.release()
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return None
+        return resume_body(self.doc, self.req.path, state)
 
     async def _pump(
         self,
         out: web.StreamResponse,
-        backend: BackendRuntime,
+        target: Target,
         resp: UpstreamResponse,
         chunk: bytes,
         rewriting: bool,
-    ) -> str | None:
+    ) -> Cut | None:
         """Forward one upstream until `[DONE]` (returns None) or it breaks (returns why).
 
         What one upstream read completes goes to the client in one write (one chunked frame,
         one send) after all its events were looked at: engines that batch tokens under
         load cost one write per batch, not one per token."""
-        gw = self.gw
+        proxy = self.proxy
         state = self.state
         parser = SSEParser()
-        watch = self._watchdog(resp)
-        gw.watch_stream(backend.name, watch)
+        watch = Watchdog(self.clock, resp, self.settings.stall, self._may_cut, self.deadline)
+        proxy.watch_stream(target.name, watch)
         parts: list[bytes] = []
         try:
             while True:
@@ -343,7 +268,7 @@ class Relay:
                 try:
                     chunk = await resp.read_chunk()
                 except (UpstreamError, OSError) as e:
-                    return watch.reason or f"failed: {describe(e)}"
+                    return watch.cut_by or failed(describe(e))
                 if not chunk:
                     if state.finished:
                         # Some engines (transformers serve) never send [DONE]: the
@@ -351,15 +276,15 @@ class Relay:
                         state.done = True
                         await out.write(_DONE)
                         return None
-                    return watch.reason or "ended without [DONE]"
+                    return watch.cut_by or NO_DONE
                 watch.touch()
         finally:
             watch.stop()
-            gw.unwatch_stream(backend.name, watch)
+            proxy.unwatch_stream(target.name, watch)
 
-    def _relay(self, events: list[SSEEvent], parts: list[bytes], rewriting: bool) -> str | None:
+    def _relay(self, events: list[SSEEvent], parts: list[bytes], rewriting: bool) -> Cut | None:
         """Append to `parts` what the client gets of `events`; returns None after `[DONE]`,
-        why when the upstream sent something broken, else `_GO_ON`."""
+        a `Cut` when the upstream sent something broken, else `_GO_ON`."""
         state = self.state
         for ev in events:
             data = ev.data
@@ -374,9 +299,9 @@ class Relay:
             try:
                 obj = orjson.loads(data)
             except orjson.JSONDecodeError:
-                return "sent a malformed event"
+                return MALFORMED
             if not isinstance(obj, dict):
-                return "sent a malformed event"
+                return MALFORMED
             if rewriting:
                 b = rewrite(state, obj, self.include_usage)
                 if b is not None:
@@ -419,3 +344,6 @@ class Relay:
             await out.write_eof()
         except (ConnectionError, RuntimeError):
             pass
+
+
+__all__ = ["Closable", "Relay", "StreamSettings"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-CHAT = "/v1/chat/completions"
+from pulsegate.proxy.request import CHAT
 
 # Request fields that constrain decoding: replaying text into them corrupts the output.
 _CONSTRAINED = (
@@ -50,8 +50,6 @@ class StreamState:
     finished: bool = False  # a finish_reason was sent for every choice seen
     done: bool = False  # `[DONE]` sent
     tool_call: bool = False
-    usage: dict[str, Any] | None = None
-    prompt_tokens: int | None = None
     # Tokens sent before the current upstream took over (for usage arithmetic).
     tokens_before: int = 0
 
@@ -123,9 +121,6 @@ def track(state: StreamState, obj: dict[str, Any]) -> None:
         state.created = obj.get("created")
         state.model = obj.get("model")
     _track_choices(state, obj)
-    usage = obj.get("usage")
-    if usage:
-        state.usage = usage
 
 
 def _track_choices(state: StreamState, obj: dict[str, Any]) -> None:
@@ -153,9 +148,8 @@ def rewrite(state: StreamState, obj: dict[str, Any], include_usage: bool) -> byt
     choices = obj.get("choices")
     if not choices:
         if obj.get("usage") is not None:
-            state.usage = _merge_usage(state, obj["usage"])
             if include_usage:
-                obj["usage"] = state.usage
+                obj["usage"] = _merge_usage(state, obj["usage"])
                 _stamp(state, obj)
                 return b"data: " + orjson.dumps(obj) + b"\n\n"
             return None
@@ -188,10 +182,7 @@ def _merge_usage(state: StreamState, usage: dict[str, Any]) -> dict[str, Any]:
     before = state.tokens_before
     completion = int(usage.get("completion_tokens") or 0) + before
     prompt = usage.get("prompt_tokens")
-    if isinstance(prompt, int):
-        prompt = max(0, prompt - before) if state.prompt_tokens is None else state.prompt_tokens
-    else:
-        prompt = state.prompt_tokens or 0
+    prompt = max(0, prompt - before) if isinstance(prompt, int) else 0
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,

@@ -1,0 +1,241 @@
+"""The health service: the pure health core (`Fleet`) and the drivers that feed and read it.
+
+It owns the fleet, the probers and heartbeat clients that observe the backends, the health
+tick, the event log and alert webhook, the min-ready watch and the operator's actions. Every
+observation comes in through `report` (probers, heartbeats, and the proxy's outcomes: the
+`Outcomes` seam) and every decision goes out as transitions to the subscribers (`on_change`
+and `on_transitions`): in one process the proxy state cuts an ejected backend's streams; in
+a multi-process gateway's primary the supervisor sends the new verdicts to the workers.
+An admin drain, undrain or eject is one call that also emits its transitions.
+
+Nothing here decides about health: the `Fleet` does. Time comes from the injected clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import aiohttp
+
+from pulsegate.clock import Clock
+from pulsegate.config import Config
+from pulsegate.control.metrics import HealthMetrics, Samples, ready_counts
+from pulsegate.health.events import Transition
+from pulsegate.health.fleet import Fleet
+from pulsegate.health.observations import FirstByteOverdue, Observation
+from pulsegate.observe.alerts import AlertSender
+from pulsegate.observe.events import EventLog
+from pulsegate.observe.metrics import Registry
+from pulsegate.probers import Prober
+from pulsegate.probers.heartbeat import HeartbeatClient
+from pulsegate.runtime import TaskSet
+
+log = logging.getLogger("pulsegate.health")
+
+TICK_INTERVAL_S = 0.1
+
+TransitionListener = Callable[[Sequence[Transition]], None]
+
+
+class HealthService:
+    def __init__(self, config: Config, clock: Clock, rng: random.Random, registry: Registry):
+        self.config = config
+        self.clock = clock
+        self.rng = rng
+        self.fleet = Fleet(config.backends, config.health, config.probes, rng, clock.now())
+        self.events = EventLog(alert=self._alert, wall=clock.wall)
+        self.metrics = HealthMetrics(registry, self.fleet, clock, self._below_min_samples)
+        self.alerts: AlertSender | None = None
+        self.prober: Prober | None = None
+        self.heartbeats: dict[str, HeartbeatClient] = {}
+        self._below_min: set[str] = set()
+        # Told after every observation or action that may have moved a verdict, and of
+        # every batch of transitions (after the events are recorded).
+        self.on_change: list[Callable[[], None]] = []
+        self.on_transitions: list[TransitionListener] = []
+
+    # -- observations in, decisions out -------------------------------------------------------
+
+    def report(self, name: str, obs: Observation) -> None:
+        """Feed one observation to the health core and act on what it decides."""
+        self.metrics.observed(name, obs)
+        transitions = self.fleet.observe(name, obs, self.clock.now())
+        if transitions:
+            self.emit(transitions)
+        if type(obs) is FirstByteOverdue and self.prober is not None:
+            self.prober.poke(name)  # look at it now: in-flight evidence precedes probes
+        for f in self.on_change:
+            f()
+
+    def set_models(self, name: str, models: tuple[str, ...]) -> None:
+        self.fleet.set_models(name, models)
+        for f in self.on_change:
+            f()
+
+    def emit(self, transitions: Sequence[Transition]) -> None:
+        """Record, count and pass on what the health core decided."""
+        for t in transitions:
+            if t.is_ejection:
+                self.metrics.ejections.inc((t.backend, t.cause))
+            self.events.record(
+                t.backend, t.from_state.value, t.to_state.value, t.reason, t.signals, t.cause
+            )
+            if self.prober is not None:
+                self.prober.poke(t.backend)
+        for p in self.fleet.take_panic_changes():
+            self.events.record(
+                f"model:{p.model}",
+                "normal" if p.active else "panic",
+                "panic" if p.active else "panic_over",
+                p.reason,
+                {"ejected": p.ejected, "total": p.total},
+                "panic",
+            )
+        for f in self.on_transitions:
+            f(transitions)
+
+    # -- the operator's actions -----------------------------------------------------------------
+
+    def act(self, name: str, verb: str) -> bool:
+        """`drain`, `undrain` or `eject` backend `name` by hand, with its transitions
+        emitted; False for an unknown verb."""
+        now = self.clock.now()
+        if verb == "drain":
+            transitions = self.fleet.drain(name, now)
+        elif verb == "undrain":
+            transitions = self.fleet.undrain(name, now)
+        elif verb == "eject":
+            transitions = self.fleet.eject(name, now, "admin")
+        else:
+            return False
+        self.emit(transitions)
+        for f in self.on_change:
+            f()
+        return True
+
+    # -- min_ready (R25) ------------------------------------------------------------------------
+
+    def _min_models(self) -> list[str]:
+        r = self.config.routing
+        return sorted(m for m in self.fleet.models() if r.min_ready_for(m) > 0)
+
+    def _below_min_samples(self) -> Samples:
+        for m in self._min_models():
+            yield (m,), 1.0 if m in self._below_min else 0.0
+
+    def check_min_ready(self) -> None:
+        """Alert when a model has fewer ready backends than routing.min_ready (R25)."""
+        r = self.config.routing
+        if not r.min_ready and not r.min_ready_per_model:
+            return
+        for m, n in ready_counts(self.fleet).items():
+            want = r.min_ready_for(m)
+            below = n < want
+            if below == (m in self._below_min):
+                continue
+            if below:
+                self._below_min.add(m)
+                self.events.record(
+                    f"model:{m}", "capacity_ok", "capacity_low",
+                    f"only {n} ready backend(s) for {m}, min_ready is {want}", {"ready": n},
+                    "min_ready",
+                )  # fmt: skip
+            else:
+                self._below_min.discard(m)
+                self.events.record(
+                    f"model:{m}", "capacity_low", "capacity_ok",
+                    f"{n} ready backend(s) for {m} again (min_ready {want})", {"ready": n},
+                    "min_ready",
+                )  # fmt: skip
+
+    # -- drivers --------------------------------------------------------------------------------
+
+    def _alert(self, alert: dict[str, Any]) -> None:
+        if self.alerts is not None:
+            self.alerts.submit(alert)
+        else:
+            log.warning(alert["text"])
+
+    def start_alerts(self, session: aiohttp.ClientSession) -> None:
+        cfg = self.config.alerts
+        self.alerts = AlertSender(cfg.webhook, session, cfg.timeout, cfg.retries, self.rng)
+        self.alerts.start()
+
+    def start(self, session: aiohttp.ClientSession, tasks: TaskSet) -> None:
+        """Alerts, heartbeat clients, probers and the health tick."""
+        cfg = self.config
+        self.start_alerts(session)
+        for b in cfg.backends:
+            if b.agent:
+                hb = HeartbeatClient(
+                    b.name,
+                    b.agent,
+                    cfg.probes.heartbeat,
+                    cfg.probes.micro_inference,
+                    emit=self.report,
+                    rng=self.rng,
+                    clock=self.clock,
+                )
+                self.heartbeats[b.name] = hb
+                tasks.spawn(hb.run(), f"heartbeat-{b.name}")
+        self.prober = Prober(
+            cfg.backends,
+            cfg.probes,
+            session,
+            emit=self.report,
+            unstable=self.fleet.unstable,
+            set_models=self.set_models,
+            rng=self.rng,
+            clock=self.clock,
+            micro_via_agent=self._micro_via_agent,
+        )
+        tasks.spawn(self.prober.start(), "prober-start")
+        tasks.spawn(self._tick_loop(), "health-tick")
+
+    def _micro_via_agent(self, name: str) -> bool:
+        # While the agent's stream is up, micro-inference travels inside it; when it is down
+        # the HTTP prober takes over, so the engine is still proven end to end.
+        hb = self.heartbeats.get(name)
+        return hb is not None and bool(hb.connected)
+
+    def tick(self) -> None:
+        transitions = self.fleet.tick(self.clock.now())
+        if transitions:
+            self.emit(transitions)
+        self.check_min_ready()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_INTERVAL_S)
+            self.tick()
+
+    async def close(self) -> None:
+        """Stop the heartbeat clients, probers and alerts (the caller cancels its tasks)."""
+        for hb in self.heartbeats.values():
+            await hb.close()
+        if self.prober is not None:
+            await self.prober.close()
+        if self.alerts is not None:
+            await self.alerts.close()
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def backend_view(self, name: str, inflight: int) -> dict[str, Any]:
+        b = self.config.backend(name)
+        view: dict[str, Any] = {
+            "name": name,
+            "url": b.url,
+            "zone": b.zone,
+            "region": b.region,
+            "models": sorted(self.fleet.backend_models(name)),
+            "inflight": inflight,
+        }
+        view.update(self.fleet.snapshot(name))
+        return view
+
+    def names(self) -> Iterable[str]:
+        return self.fleet.names()

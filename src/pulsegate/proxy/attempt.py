@@ -1,0 +1,198 @@
+"""The attempt opener: send one request to one backend, wait for its first byte, say how it went.
+
+The one place that opens an upstream for the proxy (first attempts, retries, stream
+continuations, the `/tokenize` count of a resume), classifies a failure (`classify.py`) and
+reports the outcome to the health core. Nothing has reached the client when it returns, so
+every `Failure` may still be retried elsewhere; `Failure.response` is the exception: the
+backend judged the request itself bad (a 4xx), which is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from pulsegate import clock as _clock
+from pulsegate.clock import Clock
+from pulsegate.health.observations import Outcome, RequestResult
+from pulsegate.proxy.classify import classify_exception, classify_status, describe
+from pulsegate.proxy.errors import error_body
+from pulsegate.proxy.metrics import ProxyMetrics
+from pulsegate.proxy.ports import Outcomes
+from pulsegate.proxy.resume import token_count, tokenize_request
+from pulsegate.proxy.state import ProxyState
+from pulsegate.proxy.targets import Target
+from pulsegate.proxy.upstream import Response, Upstream, UpstreamError
+
+_OK_NONSTREAM = RequestResult(Outcome.OK, None, 200)
+# Counting the sent text's tokens on the continuation target: ~1-50 ms for vLLM; past this
+# the event count is used rather than delay the resume further.
+TOKENIZE_TIMEOUT_S = 2.0
+_ERROR_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
+
+
+@dataclass(slots=True)
+class Failure:
+    outcome: Outcome
+    status: int | None
+    detail: str
+    retry_after: str | None = None
+    # A client error from the backend is final: pass it on as it came.
+    response: web.Response | None = None
+
+
+@dataclass(slots=True)
+class Opened:
+    """An upstream whose first byte arrived: a stream's first chunk, or an answer whole."""
+
+    target: Target
+    resp: Response
+    first: bytes
+
+
+class AttemptOpener:
+    __slots__ = ("_clock", "_metrics", "_outcomes", "_state", "_upstream")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        state: ProxyState,
+        outcomes: Outcomes,
+        metrics: ProxyMetrics,
+        clock: Clock,
+    ) -> None:
+        self._upstream = upstream
+        self._state = state
+        self._outcomes = outcomes
+        self._metrics = metrics
+        self._clock = clock
+
+    async def open(
+        self, target: Target, path: str, body: bytes, stream: bool, deadline: float
+    ) -> Opened | Failure:
+        """Send the request and wait for its first byte (at most `deadline` seconds of our
+        running time): a stream's first chunk, or a non-streamed answer whole. Reports the
+        outcome to the health core."""
+        state = self._state
+        name = target.name
+        now = self._clock.now
+        t0 = now()
+        token = state.first_byte.watch(name, t0) if stream else None
+        got_headers = False
+        resp: Response | None = None
+        pool = self._upstream.pool(name, target.url, target.headers)
+        try:
+            async with asyncio.timeout(deadline) as cm:
+                # Registered so an ejection of this backend cuts the wait at once: nothing
+                # has reached the client yet, so the request just moves on.
+                state.watch_pending(name, cm)
+                resp = await pool.post(path, body)
+                got_headers = True
+                if resp.status >= 400:
+                    state.unwatch_pending(name, cm)  # it reports (and may eject) itself
+                    return await self._upstream_error(target, resp, t0)
+                if stream:
+                    data = await resp.read_chunk()
+                else:
+                    data = await resp.read()
+                    resp.release()
+        except asyncio.CancelledError:
+            if resp is not None:
+                resp.close()  # the client left: never leave a half-read connection behind
+            raise
+        except (UpstreamError, OSError, TimeoutError) as e:
+            outcome = classify_exception(e, got_headers)
+            if resp is not None:
+                resp.close()
+            # Unwatched before reporting: the report may eject this backend, and the cut of
+            # its pending attempts must not reach this one, which is already done.
+            state.unwatch_pending(name, cm)
+            if isinstance(e, TimeoutError) and self._own_stall(t0, deadline):
+                # Our own loop stood still for part of the wait: the attempt moves on, but
+                # the backend is not blamed for time we were not running (pulsegate.clock).
+                return Failure(outcome, None, f"{name}: {describe(e)} (gateway stalled)")
+            self._outcomes.report(name, RequestResult(outcome, None, None))
+            return Failure(outcome, None, f"{name}: {describe(e)}")
+        finally:
+            state.unwatch_pending(name, cm)
+            if token is not None:
+                state.first_byte.seen(name, token)
+        # A non-streamed answer arrives whole: its time is generation time, not time to
+        # first token, and must not look like latency to the health core (R17).
+        if stream:
+            ttft = now() - t0
+            self._outcomes.report(name, RequestResult(Outcome.OK, ttft, resp.status))
+            self._metrics.ttft.observe(ttft)
+        else:
+            self._outcomes.report(name, _OK_NONSTREAM)
+        return Opened(target, resp, data)
+
+    async def count_tokens(self, target: Target, model: str, text: str) -> int | None:
+        """Tokens in `text` by `target`'s tokenizer (`POST /tokenize`, vLLM's), through the
+        same pools as every request, or None when it cannot tell us in time."""
+        if not text:
+            return 0
+        pool = self._upstream.pool(target.name, target.url, target.headers)
+        resp: Response | None = None
+        try:
+            async with asyncio.timeout(TOKENIZE_TIMEOUT_S):
+                resp = await pool.post("/tokenize", tokenize_request(model, text))
+                data = await resp.read()
+                resp.release()
+        except asyncio.CancelledError:
+            if resp is not None:
+                resp.close()
+            raise
+        except (UpstreamError, OSError, TimeoutError):
+            if resp is not None:
+                resp.close()
+            return None
+        return token_count(data) if resp.status == 200 else None
+
+    async def _upstream_error(self, target: Target, resp: Response, t0: float) -> Failure:
+        status = resp.status
+        retry_after = resp.headers.get("retry-after")
+        outcome = classify_status(status, retry_after is not None)
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        self._outcomes.report(target.name, RequestResult(outcome, self._clock.now() - t0, status))
+        if outcome is Outcome.CLIENT_ERROR:
+            status, data = normalize_error(status, data)
+            headers = {"content-type": "application/json", "x-pulsegate-backend": target.name}
+            return Failure(
+                outcome,
+                status,
+                "client error",
+                response=web.Response(status=status, body=data, headers=headers),
+            )
+        return Failure(outcome, status, f"{target.name}: HTTP {status}", retry_after)
+
+    def _own_stall(self, t0: float, deadline: float) -> bool:
+        """The deadline since `t0` ran out only because this process's loop was stalled."""
+        now = self._clock.now()
+        excused = _clock.excuse(self._clock, t0, now)
+        return excused > 0.0 and now - t0 - excused < deadline
+
+
+def normalize_error(status: int, body: bytes) -> tuple[int, bytes]:
+    """A backend's 4xx in OpenAI's shape: an `{"error": {...}}` body passes unchanged;
+    FastAPI's `{"detail": ...}` or plain text is wrapped; 422 (FastAPI validation) is 400."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+        return status, body
+    if isinstance(doc, dict) and "detail" in doc:
+        detail = doc["detail"]
+        message = detail if isinstance(detail, str) else orjson.dumps(detail).decode()
+    else:
+        message = body.decode("utf-8", "replace").strip()[:500] or f"HTTP {status}"
+    if status == 422:
+        status = 400
+    return status, error_body(status, message, _ERROR_CODES.get(status, "upstream_client_error"))

@@ -1,0 +1,139 @@
+"""The proxy's own state in one process: what is in flight, who waits, which streams live.
+
+- in-flight counts per backend (`inflight`: this process's; `load`: what routing reads, the
+  same dict in one process, the gateway-wide totals in a proxy worker);
+- the capacity queue: when every candidate is at its limit, wait, then 503 (R24, R25);
+- the live streams and the attempts waiting for a first byte, per backend, so an ejection
+  cuts them at once (R21) and a shutdown past its grace ends the streams still open;
+- the first-byte watch (`firstbyte.py`) and the drain on shutdown.
+
+Nothing here judges a backend: verdicts come through the `Router`, outcomes leave through
+`Outcomes` (`ports.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+
+from pulsegate import stall
+from pulsegate.capacity import CapacityQueue
+from pulsegate.clock import Clock
+from pulsegate.health.verdict import Verdict
+from pulsegate.proxy.cuts import SHUTTING_DOWN, Cut
+from pulsegate.proxy.firstbyte import WATCH_INTERVAL_S, FirstByteWatch
+from pulsegate.proxy.ports import Outcomes, Router, Verdicts
+from pulsegate.proxy.watchdog import EJECTED_STALL_S, Watchdog
+
+
+class ProxyState:
+    def __init__(
+        self,
+        names: Iterable[str],
+        clock: Clock,
+        router: Router,
+        verdicts: Verdicts,
+        outcomes: Outcomes,
+        queue_max: int,
+        *,
+        inflight: MutableMapping[str, int] | None = None,
+        load: Mapping[str, int] | None = None,
+    ) -> None:
+        names = tuple(names)
+        self.clock = clock
+        self.router = router
+        self.verdicts = verdicts
+        self.inflight: MutableMapping[str, int] = (
+            inflight if inflight is not None else dict.fromkeys(names, 0)
+        )
+        self.load: Mapping[str, int] = load if load is not None else self.inflight
+        self.queue = CapacityQueue(queue_max, clock.now)
+        self.first_byte = FirstByteWatch(names, clock, verdicts.usual_ttft, outcomes.report)
+        self._streams: dict[str, set[Watchdog]] = {n: set() for n in names}
+        self._pending: dict[str, set[asyncio.Timeout]] = {n: set() for n in names}
+        self.shutting_down = False
+        self.drained = asyncio.Event()
+
+    # -- in flight ----------------------------------------------------------------------------
+
+    def acquire(self, name: str) -> None:
+        self.inflight[name] += 1
+
+    def release(self, name: str) -> None:
+        self.inflight[name] -= 1
+        if self.queue.depth:
+            self.queue.wake_for(self.verdicts.backend_models(name))
+        if self.shutting_down and not any(self.inflight.values()):
+            self.drained.set()
+
+    # -- the capacity queue: when every candidate is at its limit, wait, then 503 -----------
+
+    def queue_ahead(self, model: str) -> bool:
+        """Requests for `model` already wait for capacity: a newcomer queues behind them."""
+        return self.queue.ahead(model)
+
+    async def wait_for_capacity(
+        self, model: str, session_key: str | None, within: float, tried: Sequence[str] = ()
+    ) -> Verdict | None:
+        """Wait in `model`'s FIFO (bounded by routing.queue_max) until a backend for it has
+        room, at most `within` seconds. None: the queue is full or the wait timed out."""
+        if self.queue.depth >= self.queue.limit:
+            return None
+        pick = self.router.pick
+        return await self.queue.wait(
+            model,
+            within,
+            lambda: pick(model, tried, session_key),
+            lambda: pick(model, (), None) is not None,
+        )
+
+    # -- live streams and pending attempts: cut at once when their backend is ejected (R21) -
+
+    def watch_stream(self, name: str, watch: Watchdog) -> None:
+        self._streams[name].add(watch)
+
+    def unwatch_stream(self, name: str, watch: Watchdog) -> None:
+        self._streams[name].discard(watch)
+
+    def watch_pending(self, name: str, cm: asyncio.Timeout) -> None:
+        self._pending[name].add(cm)
+
+    def unwatch_pending(self, name: str, cm: asyncio.Timeout) -> None:
+        self._pending[name].discard(cm)
+
+    def cut_ejected(self, name: str, cause: str) -> None:
+        """Backend `name` was ejected: its live streams get the short stall limit, and its
+        attempts still waiting for a first byte give up now and move to another backend
+        (the client has received nothing yet)."""
+        for w in list(self._streams.get(name, ())):
+            w.tighten(EJECTED_STALL_S, f"backend ejected ({cause})")
+        for cm in list(self._pending.get(name, ())):
+            stall.expire(cm)
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    def end_streams(self, why: Cut = SHUTTING_DOWN) -> int:
+        """Cut every live upstream stream (graceful shutdown past its grace period)."""
+        n = 0
+        for watches in self._streams.values():
+            for w in list(watches):
+                w.cut(why)
+                n += 1
+        return n
+
+    async def wait_drained(self, within: float) -> bool:
+        """During shutdown: wait until nothing is in flight, at most `within` seconds."""
+        if not any(self.inflight.values()):
+            return True
+        try:
+            async with asyncio.timeout(within):
+                await self.drained.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def watch_first_bytes(self) -> None:
+        """The first-byte watch's driver: a task for the life of the process."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            self.first_byte.check(self.clock.now())
