@@ -118,14 +118,31 @@ class Sim(Proc):
 
 
 class Gateway(Proc):
-    def __init__(self, tmp: Path, config: dict[str, Any], env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        tmp: Path,
+        config: dict[str, Any],
+        env: dict[str, str] | None = None,
+        *,
+        name: str = "gateway",
+        args: tuple[str, ...] = (),
+    ):
+        self.config_path = tmp / f"{name}.yaml"
+        self.write_config(config)
+        super().__init__(["serve", "-c", str(self.config_path), *args], tmp / f"{name}.log", env)
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """(Re)write this gateway's config file (a reload reads it)."""
         config = {**config}
         gw = {**config.get("gateway", {})}
         gw.setdefault("listen", "127.0.0.1:0")
         config["gateway"] = gw
-        self.config_path = tmp / "gateway.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        super().__init__(["serve", "-c", str(self.config_path)], tmp / "gateway.log", env)
+        tmp_path = self.config_path.with_suffix(".tmp")
+        tmp_path.write_text(yaml.safe_dump(config))
+        tmp_path.replace(self.config_path)  # whole or not at all, as an operator's deploy
+
+    def reload(self) -> httpx.Response:
+        return httpx.post(f"{self.url}/admin/reload", timeout=10)
 
     def backends(self, token: str | None = None) -> dict[str, dict[str, Any]]:
         headers = {"authorization": f"Bearer {token}"} if token else {}

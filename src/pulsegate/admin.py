@@ -28,16 +28,21 @@ def _json(doc: object, status: int = 200) -> web.Response:
 class Admin:
     def __init__(self, gw: GatewayView) -> None:
         self.gw = gw
-        env = gw.config.gateway.admin_token_env
+
+    def _token(self) -> str | None:
+        """The admin token in force (the config's `admin_token_env`, read per admin call so a
+        reload that names another variable takes effect); None: no token configured."""
+        env = self.gw.config.gateway.admin_token_env
         # Configured but unset (or empty) fails closed: every admin call is refused.
-        self._token = os.environ.get(env, "") if env else None
+        return os.environ.get(env, "") if env else None
 
     def guard(self, handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
-            if self._token is not None:
+            token = self._token()
+            if token is not None:
                 auth = request.headers.get("authorization", "")
                 given = auth[7:] if auth[:7].lower() == "bearer " else ""
-                if not self._token or not hmac.compare_digest(given.encode(), self._token.encode()):
+                if not token or not hmac.compare_digest(given.encode(), token.encode()):
                     return error_response(401, "admin token required", "unauthorized")
             return await handler(request)
 

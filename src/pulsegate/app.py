@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import orjson
 from aiohttp import web
@@ -15,14 +16,35 @@ from pulsegate.observe.view import GatewayView
 from pulsegate.proxy.errors import error_response
 from pulsegate.proxy.forward import Forwarder
 from pulsegate.proxy.ports import Verdicts
+from pulsegate.proxy.request import CHAT, COMPLETIONS
+from pulsegate.proxy.state import ProxyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ProxySide(Protocol):
+    """What the OpenAI routes need: the current request handler (a reload replaces it; a
+    request in flight keeps the one it started with), the verdicts /v1/models lists, and
+    the proxy state (while it drains, every answer says `Connection: close`)."""
+
+    forwarder: Forwarder
+    proxy: ProxyState
+
+    @property
+    def verdicts(self) -> Verdicts: ...
+
+
+def set_max_body(app: web.Application, cfg: Config) -> None:
+    """A reload's `gateway.max_body_bytes`. aiohttp reads the limit from the application for
+    every request it makes (`Application._client_max_size`, no public setter); the forwarder
+    turns an oversize read into an OpenAI-shaped 413."""
+    app._client_max_size = cfg.gateway.max_body_bytes + 1  # the extra byte: see build_app
 
 
 def build_app(
     config: Config,
     *,
-    proxy: tuple[Forwarder, Verdicts] | None = None,
+    proxy: ProxySide | None = None,
     view: GatewayView | None = None,
     to_primary: Handler | None = None,
     admin_extra: Sequence[tuple[str, str, Handler]] = (),
@@ -38,18 +60,32 @@ def build_app(
     app = web.Application(client_max_size=config.gateway.max_body_bytes + 1)
     r = app.router
     if proxy is not None:
-        fwd, verdicts = proxy
+        side = proxy
         cache: list[tuple[tuple[str, ...], bytes]] = [((), b"")]
 
+        state = side.proxy
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            resp = await side.forwarder.handle(request, CHAT)
+            if state.shutting_down:
+                resp.force_close()  # a stream said so when it began (`relay.py`)
+            return resp
+
+        async def completions(request: web.Request) -> web.StreamResponse:
+            resp = await side.forwarder.handle(request, COMPLETIONS)
+            if state.shutting_down:
+                resp.force_close()
+            return resp
+
         async def models(request: web.Request) -> web.StreamResponse:
-            names = tuple(sorted(verdicts.models()))
+            names = tuple(sorted(side.verdicts.models()))
             if cache[0][0] != names or not cache[0][1]:
                 data = [{"id": m, "object": "model", "owned_by": "pulsegate"} for m in names]
                 cache[0] = (names, orjson.dumps({"object": "list", "data": data}))
             return web.Response(body=cache[0][1], content_type="application/json")
 
-        r.add_post("/v1/chat/completions", fwd.chat)
-        r.add_post("/v1/completions", fwd.completions)
+        r.add_post("/v1/chat/completions", chat)
+        r.add_post("/v1/completions", completions)
         r.add_get("/v1/models", models)
 
     async def healthz(request: web.Request) -> web.StreamResponse:

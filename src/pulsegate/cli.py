@@ -1,4 +1,4 @@
-"""The one entry point: `pulsegate serve|demo|sim|agent|status|check`.
+"""The one entry point: `pulsegate serve|reload|demo|sim|agent|status|check`.
 
 Each subcommand imports its module lazily so `pulsegate check` stays fast and a missing
 optional dependency only breaks the command that needs it.
@@ -16,6 +16,17 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="run the gateway")
     s.add_argument("-c", "--config", required=True, help="YAML config file")
+    s.add_argument(
+        "--replace",
+        type=int,
+        metavar="PID",
+        help="take over from the gateway PID: listen beside it, judge every backend, "
+        "then make it drain and exit (nothing in flight is lost)",
+    )
+
+    s = sub.add_parser("reload", help="make a running gateway re-read its config file")
+    s.add_argument("--url", default="http://127.0.0.1:8080")
+    s.add_argument("--token-env", default="PULSEGATE_ADMIN_TOKEN")
 
     s = sub.add_parser("demo", help="simulated fleet + gateway + traffic + a fault cycle")
     s.add_argument("--port", type=int, default=8080, help="gateway port (0: any free port)")
@@ -69,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "serve":
         from pulsegate.server import serve
 
-        return serve(args.config)
+        return serve(args.config, args.replace)
+    if args.cmd == "reload":
+        from pulsegate.status import run_reload
+
+        return run_reload(url=args.url, token_env=args.token_env)
     if args.cmd == "sim":
         from pulsegate.sim.server import SimOptions, run_sim
 

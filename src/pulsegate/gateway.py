@@ -23,9 +23,11 @@ from pulsegate.config import Config
 from pulsegate.control.baseline import BaselineSource
 from pulsegate.control.service import HealthService
 from pulsegate.health.events import Transition
+from pulsegate.health.fleet import Reconfigured
 from pulsegate.observe.metrics import Registry
 from pulsegate.proxy.attempt import AttemptOpener
-from pulsegate.proxy.forward import Forwarder
+from pulsegate.proxy.budget import RetryBudget
+from pulsegate.proxy.forward import Forwarder, retry_budget
 from pulsegate.proxy.metrics import ProxyMetrics, proxy_gauges
 from pulsegate.proxy.ports import Outcomes, Router, Verdicts
 from pulsegate.proxy.route import BalancedRouter
@@ -38,10 +40,12 @@ from pulsegate.runtime import TaskSet
 class Gateway:
     """Health service + proxy in one process."""
 
+    forwarder: Forwarder  # the request handler (set by `start`, replaced by a reload)
+
     def __init__(self, config: Config, clock: Clock, rng: random.Random | None = None) -> None:
         self.config = config
         self.clock = clock
-        rng = rng or random.Random()
+        self.rng = rng = rng or random.Random()
         self.registry = Registry()
         self.proxy_metrics = ProxyMetrics(self.registry)
         self.health = HealthService(config, clock, rng, self.registry)
@@ -71,6 +75,7 @@ class Gateway:
         self.tasks = TaskSet("gateway")
         self.upstream: Upstream | None = None
         self.session: aiohttp.ClientSession | None = None
+        self._opener: AttemptOpener | None = None
 
     def _cut_ejected(self, transitions: Sequence[Transition]) -> None:
         for t in transitions:
@@ -88,18 +93,53 @@ class Gateway:
             self.health.start_alerts(session)
             self.baseline.start(session, self.tasks)
         self.tasks.spawn(self.proxy.watch_first_bytes(), "first-byte-watch")
-        opener = AttemptOpener(upstream, self.proxy, self.outcomes, self.proxy_metrics, self.clock)
+        self._opener = AttemptOpener(
+            upstream, self.proxy, self.outcomes, self.proxy_metrics, self.clock
+        )
+        self.forwarder = self._forwarder(retry_budget(cfg, self.clock.now()))
+        return self.forwarder
+
+    def _forwarder(self, budget: RetryBudget) -> Forwarder:
+        assert self._opener is not None
         return Forwarder(
-            cfg,
+            self.config,
             self.targets,
             self.proxy,
             self.proxy.router,
             self.verdicts,
             self.outcomes,
-            opener,
+            self._opener,
             self.proxy_metrics,
             self.clock,
+            budget,
         )
+
+    def apply(self, cfg: Config) -> Reconfigured:
+        """A reload: `cfg` (already validated, its process keys kept by the caller) in
+        place of the running config. The health service takes the backends and every
+        health-side key; the proxy gets the new targets, routing, retry and streaming keys
+        in a new request handler (requests in flight finish on the one they started with),
+        and the pools of removed or changed backends close as their requests end."""
+        if self.baseline is not None:
+            raise ValueError(f"gateway.mode {self.config.gateway.mode} does not reload")
+        old = self.config
+        self.config = cfg
+        change = self.health.apply(cfg)
+        targets = {b.name: target(b) for b in cfg.backends}
+        if self.upstream is not None:
+            for name, t in self.targets.items():
+                if targets.get(name) != t:
+                    self.upstream.retire(name)
+        self.targets = targets
+        fleet = self.health.fleet
+        router = BalancedRouter(fleet, Balancer(cfg.routing, self.rng), self.proxy.inflight)
+        self.proxy.reconfigure(targets, router, fleet, cfg.routing.queue_max)
+        if self._opener is not None:
+            budget = self.forwarder.budget
+            if cfg.retry != old.retry:
+                budget = retry_budget(cfg, self.clock.now())
+            self.forwarder = self._forwarder(budget)
+        return change
 
     def names(self) -> Sequence[str]:
         return tuple(self.targets)

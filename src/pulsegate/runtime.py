@@ -30,6 +30,9 @@ GC_GEN0 = 7000
 # The grace period is handled by `shutdown`; aiohttp's own wait is only for the last bytes.
 SITE_SHUTDOWN_S = 1.0
 BACKLOG = 1024
+# After the drain, client connections still open get this long to go (see `_linger`).
+LINGER_S = 1.0
+LINGER_POLL_S = 0.02
 
 
 def install_uvloop() -> None:
@@ -131,7 +134,7 @@ async def shutdown(
     """uvicorn's order: stop accepting, let in-flight requests finish within `grace`, then
     end the streams still open with a terminal error event (never a 200 without [DONE] or
     an error), then close the HTTP runner."""
-    proxy.shutting_down = True
+    proxy.shutting_down = True  # from now on every answer says `Connection: close`
     await site.stop()
     inflight = sum(proxy.inflight.values())
     log.info("shutting down: %d request(s) in flight, grace %.1fs", inflight, grace)
@@ -139,4 +142,18 @@ async def shutdown(
         cut = proxy.end_streams()
         log.info("ended %d stream(s) still open after the grace period", cut)
         await proxy.wait_drained(1.0)
+    await _linger(runner, min(LINGER_S, grace))
     await runner.cleanup()
+
+
+async def _linger(runner: web.AppRunner, seconds: float) -> None:
+    """Give client connections still open up to `seconds` to be used once more (answered
+    with `Connection: close`) or closed by their clients, then the runner closes the rest.
+    Closing a keep-alive connection at once races with a client sending on it that very
+    moment: its request is lost ("server disconnected"), and a replacement gateway beside
+    this one would have served it."""
+    server = runner.server
+    for _ in range(int(seconds / LINGER_POLL_S)):
+        if server is None or not server.connections:
+            return
+        await asyncio.sleep(LINGER_POLL_S)

@@ -11,32 +11,54 @@ upstream pool.
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
 import sys
 
 from aiohttp import web
 
-from pulsegate import runtime
-from pulsegate.app import build_app
+from pulsegate import replace, runtime
+from pulsegate.app import build_app, set_max_body
 from pulsegate.clock import SystemClock
 from pulsegate.cluster.primary import run_cluster
 from pulsegate.config import Config, ConfigError, load_config
 from pulsegate.gateway import Gateway
+from pulsegate.health.fleet import Reconfigured
+from pulsegate.reload import Reloader, admin_route
+
+log = logging.getLogger("pulsegate")
 
 
-async def run_gateway(cfg: Config, ready: asyncio.Event | None = None) -> None:
+async def run_gateway(
+    cfg: Config, path: str, replace_pid: int | None = None, ready: asyncio.Event | None = None
+) -> None:
     clock = SystemClock(asyncio.get_running_loop())
     gw = Gateway(cfg, clock)
-    fwd = await gw.start()
-    app = build_app(cfg, proxy=(fwd, gw.verdicts), view=gw)
+    await gw.start()
+
+    def apply(new: Config) -> Reconfigured:
+        change = gw.apply(new)
+        set_max_body(app, new)
+        return change
+
+    reloader = Reloader(path, lambda: gw.config, apply, gw.health)
+    app = build_app(cfg, proxy=gw, view=gw, admin_extra=[admin_route(reloader)])
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = runtime.tcp_site(runner, cfg.gateway.host, cfg.gateway.port, reuse_port=False)
+    # SO_REUSEPORT always: a replacement (`serve --replace PID`) listens beside this one.
+    site = runtime.tcp_site(runner, cfg.gateway.host, cfg.gateway.port, reuse_port=True)
     runtime.tune_gc()
+    if replace_pid is not None:
+        cold = await replace.warm(gw.health)
+        log.info("replacing pid %d: every backend judged but %d still cold", replace_pid, cold)
     await site.start()
     port = runtime.bound_port(site, cfg.gateway.port)
     print(f"pulsegate listening on http://{cfg.gateway.host}:{port}", flush=True)
+    if replace_pid is not None:
+        replace.retire(replace_pid)
     stop = asyncio.Event()
     runtime.stop_on_signals(stop)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.request)
     if ready is not None:
         ready.set()
     try:
@@ -47,7 +69,9 @@ async def run_gateway(cfg: Config, ready: asyncio.Event | None = None) -> None:
         clock.close()
 
 
-def serve(config_path: str) -> int:
+def serve(config_path: str, replace_pid: int | None = None) -> int:
+    """Exit 2: the config is invalid; 1: it cannot start (the address is taken, the
+    process to replace is not a gateway). Either way a gateway being replaced is untouched."""
     runtime.setup_logging()
     try:
         cfg = load_config(config_path)
@@ -55,9 +79,16 @@ def serve(config_path: str) -> int:
         for err in e.errors:
             print(f"error: {err}", file=sys.stderr)
         return 2
+    try:
+        if replace_pid is not None:
+            replace.check_target(replace_pid)
+        replace.check_address(cfg.gateway.host, cfg.gateway.port, replace_pid)
+    except replace.ReplaceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     runtime.install_uvloop()
     if cfg.gateway.workers > 1:
-        asyncio.run(run_cluster(cfg))
+        asyncio.run(run_cluster(cfg, config_path, replace_pid))
     else:
-        asyncio.run(run_gateway(cfg))
+        asyncio.run(run_gateway(cfg, config_path, replace_pid))
     return 0

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import aiohttp
+import orjson
 
 from pulsegate import clock
 
@@ -344,3 +345,50 @@ def run_status(
         with contextlib.suppress(Exception):
             (out or sys.stdout).write("\n")
         return 0
+
+
+async def _reload(url: str, token: str | None, out: TextIO, err: TextIO) -> int:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+    target = url.rstrip("/") + "/admin/reload"
+    try:
+        async with (
+            aiohttp.ClientSession(headers=headers, timeout=timeout) as session,
+            session.post(target) as r,
+        ):
+            body = await r.read()
+            status = r.status
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        print(f"pulsegate reload: {target}: {type(e).__name__}: {e}", file=err)
+        return 1
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict) or "ok" not in doc:
+        print(f"pulsegate reload: {target} answered {status}: {body[:200]!r}", file=err)
+        return 1
+    if not doc["ok"]:
+        for problem in doc.get("errors", []):
+            print(f"error: {problem}", file=err)
+        print("pulsegate reload: refused; the running config stays in force", file=err)
+        return 2
+    parts = [f"{k}: {', '.join(doc[k])}" for k in ("added", "removed", "restarted") if doc[k]]
+    if doc.get("needs_replace"):
+        parts.append(f"needs serve --replace: {', '.join(doc['needs_replace'])}")
+    what = f" ({'; '.join(parts)})" if parts else ""
+    print(f"reloaded in {doc['pause_ms']} ms{what}", file=out)
+    return 0
+
+
+def run_reload(
+    url: str,
+    token_env: str | None = "PULSEGATE_ADMIN_TOKEN",
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """`pulsegate reload`: POST /admin/reload. 0 applied, 2 refused (errors printed), 1 the
+    gateway did not answer."""
+    token = os.environ.get(token_env) if token_env else None
+    return asyncio.run(_reload(url, token or None, out or sys.stdout, err or sys.stderr))

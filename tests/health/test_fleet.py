@@ -16,7 +16,7 @@ from pulsegate.health.observations import (
 )
 from pulsegate.health.verdict import ROUTABLE, State
 
-from .harness import MICRO_OK, MISS, OK, READY, Harness, health_with
+from .harness import FAIL, MICRO_OK, MISS, OK, READY, Harness, health_with
 
 SNAPSHOT_SIGNALS = (
     "rtt_ms",
@@ -80,11 +80,13 @@ def test_set_models_from_discovery() -> None:
     assert h.fleet.backend_models("a") == frozenset({"x", "y"})
 
 
-def test_unknown_backend_name_raises() -> None:
-    """Observations for a backend that does not exist are a caller bug: KeyError."""
+def test_unknown_backend_name_is_ignored() -> None:
+    """An observation for a backend not in the fleet (removed by a reload while a request on it
+    was in flight) causes no transition and moves nothing."""
     h = Harness()
-    with pytest.raises(KeyError):
-        h.fleet.observe("zz", OK, 0.0)
+    v = h.fleet.version
+    assert h.fleet.observe("zz", FAIL, 0.0) == ()
+    assert h.fleet.version == v
 
 
 def test_duplicate_names_rejected() -> None:

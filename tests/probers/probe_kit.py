@@ -112,9 +112,7 @@ async def running_prober(
     kw.setdefault("set_models", rec.set_models)
     own = "clock" not in kw
     clock = kw.pop("clock") if not own else SystemClock(asyncio.get_running_loop())
-    prober = Prober(
-        backends, probes or fast_probes(), None, rng=random.Random(7), clock=clock, **kw
-    )
+    prober = Prober(backends, probes or fast_probes(), rng=random.Random(7), clock=clock, **kw)
     try:
         await prober.start()
         yield prober, rec

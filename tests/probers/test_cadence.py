@@ -17,7 +17,7 @@ from probe_kit import fast_probes
 from pulsegate.clock import ManualClock
 from pulsegate.config import BackendConfig, CanaryConfig, MicroInferenceConfig, ReadinessConfig
 from pulsegate.health.observations import Observation, ProbeKind, ProbeResult
-from pulsegate.probers import Prober, scheduler
+from pulsegate.probers import Prober
 from pulsegate.probers.cadence import (
     JITTER,
     POKE_MIN_GAP_S,
@@ -29,6 +29,7 @@ from pulsegate.probers.cadence import (
 from pulsegate.probers.micro import Inference
 from pulsegate.probers.payload import Api
 from pulsegate.probers.readiness import Readiness
+from pulsegate.probers.scheduler import ProbeIO
 
 R, M, C = ProbeKind.READINESS, ProbeKind.MICRO, ProbeKind.CANARY
 
@@ -216,12 +217,10 @@ def _gaps(times: list[float]) -> list[float]:
 
 @asynccontextmanager
 async def _manual_prober(
-    monkeypatch: pytest.MonkeyPatch, unstable: Callable[[str], bool]
+    unstable: Callable[[str], bool],
 ) -> AsyncIterator[tuple[ManualClock, _Rounds]]:
     c = ManualClock()
     rounds = _Rounds(c)
-    monkeypatch.setattr(scheduler, "probe_readiness", rounds.readiness)
-    monkeypatch.setattr(scheduler, "probe_inference", rounds.inference)
     probes = fast_probes(
         readiness=ReadinessConfig(interval=10, interval_unstable=0.5, timeout=0.5),
         micro_inference=MicroInferenceConfig(interval=3, jitter=0, timeout=0.3),
@@ -231,12 +230,12 @@ async def _manual_prober(
     prober = Prober(
         [b],
         probes,
-        None,
         emit=rounds.emit,
         unstable=unstable,
         set_models=lambda name, ids: None,
         rng=random.Random(5),
         clock=c,
+        io=ProbeIO(readiness=rounds.readiness, inference=rounds.inference),
     )
     await prober.start()
     try:
@@ -246,13 +245,11 @@ async def _manual_prober(
         await prober.close()
 
 
-async def test_prober_readiness_cadence_is_picked_by_state(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_prober_readiness_cadence_is_picked_by_state() -> None:
     """On its clock, readiness runs every ~10 s while stable, every ~0.5 s once unstable(),
     and slow again after; each round when the clock says, never sooner."""
     state = {"unstable": False}
-    async with _manual_prober(monkeypatch, lambda name: state["unstable"]) as (c, rounds):
+    async with _manual_prober(lambda name: state["unstable"]) as (c, rounds):
         assert rounds.times(R) == [0.0]  # the first round at once
         await _walk(c, 25.0)
         stable = _gaps(rounds.times(R))
@@ -272,12 +269,10 @@ async def test_prober_readiness_cadence_is_picked_by_state(
     assert slow_again and all(9.0 <= g <= 11.0 + step for g in slow_again[1:]), slow_again
 
 
-async def test_prober_inference_probes_speed_up_threefold_while_unstable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_prober_inference_probes_speed_up_threefold_while_unstable() -> None:
     """Micro-inference and canary rounds come every ~3 s while stable, ~1 s while unstable."""
     state = {"unstable": False}
-    async with _manual_prober(monkeypatch, lambda name: state["unstable"]) as (c, rounds):
+    async with _manual_prober(lambda name: state["unstable"]) as (c, rounds):
         await _walk(c, 13.0)
         stable = [_gaps(rounds.times(k)) for k in (M, C)]
         state["unstable"] = True
@@ -291,12 +286,10 @@ async def test_prober_inference_probes_speed_up_threefold_while_unstable(
         assert len(gaps) >= 4 and all(0.9 <= g <= 1.1 + step for g in gaps), fast
 
 
-async def test_prober_not_ready_engine_is_asked_again_at_the_fast_interval(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_prober_not_ready_engine_is_asked_again_at_the_fast_interval() -> None:
     """A readiness round that says "not ready" is followed at the fast interval while
     stable, and no inference is sent until the engine is ready."""
-    async with _manual_prober(monkeypatch, lambda name: False) as (c, rounds):
+    async with _manual_prober(lambda name: False) as (c, rounds):
         rounds.ready = False
         await _walk(c, 11.5)  # the slow round after the first one says: not ready
         n = len(rounds.times(R))

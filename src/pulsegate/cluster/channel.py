@@ -40,8 +40,18 @@ class Hello:
     port: int  # the gateway's port, resolved (the config may say 0)
     admin_socket: str  # the primary's private HTTP listener (admin, metrics, dashboard)
     rows: int  # worker slots in the in-flight table
-    backends: tuple[str, ...]  # the table's columns
+    columns: dict[str, int]  # backend -> its column in the in-flight table
+    capacity: int  # the table's columns, used or not (backends a reload may add)
     view: View
+
+
+@dataclass(frozen=True, slots=True)
+class Reload:
+    """The primary took a new config: the worker takes it too (`Worker.apply`), with the
+    in-flight table's columns for the new backend list."""
+
+    config: Config
+    columns: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from pulsegate import runtime
+from pulsegate import replace, runtime
 from pulsegate.app import build_app
 from pulsegate.clock import Clock, SystemClock
 from pulsegate.cluster.channel import (
@@ -43,6 +44,7 @@ from pulsegate.cluster.channel import (
     Hello,
     Outcomes,
     Ready,
+    Reload,
     Stats,
     Stop,
     ViewUpdate,
@@ -58,8 +60,10 @@ from pulsegate.cluster.shared import InflightTable, Totals
 from pulsegate.config import Config
 from pulsegate.control.service import HealthService
 from pulsegate.health.events import Transition
+from pulsegate.health.fleet import Reconfigured
 from pulsegate.observe.metrics import Registry
 from pulsegate.proxy.metrics import ProxyMetrics, proxy_gauges
+from pulsegate.reload import Reloader, admin_route
 from pulsegate.runtime import TaskSet
 
 log = logging.getLogger("pulsegate.primary")
@@ -117,6 +121,21 @@ class Primary:
     def backend_view(self, name: str) -> dict[str, Any]:
         return self.health.backend_view(name, self.inflight.get(name, 0))
 
+    def apply(self, cfg: Config) -> Reconfigured:
+        """A reload: the in-flight table gets columns for new backends, the health service
+        takes `cfg`, and every worker is told (`Reload`), then sent the new verdicts."""
+        if self.cluster is None:
+            raise ValueError("the workers are not started yet")
+        cols = self.cluster.table.assign([b.name for b in cfg.backends])  # TableFull: refused
+        self.config = cfg
+        change = self.health.apply(cfg)
+        self._names = tuple(b.name for b in cfg.backends)  # `inflight` follows the table
+        # Columns and config first: a worker must have a backend's cell before a view
+        # lets it pick that backend (frames arrive in order).
+        self.cluster.reload(cfg, cols)
+        self.cluster.publish(force=True)
+        return change
+
     def connect(self, sup: Supervisor) -> None:
         """Every change of the verdicts goes to the workers: the new verdicts first, so cut
         attempts pick again right, then each ejection."""
@@ -170,6 +189,12 @@ class Supervisor:
         for t in transitions:
             if t.is_ejection:
                 self.ejected(t.backend, t.cause)
+
+    def reload(self, cfg: Config, cols: dict[str, int]) -> None:
+        frame = encode(Reload(cfg, cols))
+        for s in self.slots:
+            if s.writer is not None:
+                send_frame(s.writer, frame)
 
     def ejected(self, backend: str, cause: str) -> None:
         frame = encode(Ejected(backend, cause))
@@ -236,14 +261,15 @@ class Supervisor:
         s.started = self.gw.clock.now()
         s.pid = s.proc.pid
         reader, writer = await asyncio.open_unix_connection(sock=parent)
-        cfg = self.gw.config
+        cfg = self.gw.config  # the config in force: reloads included
         hello = Hello(
             config=cfg,
             slot=s.index,
             port=self.port,
             admin_socket=self.admin_socket,
             rows=self.table.rows,
-            backends=self.table.names,
+            columns=dict(self.table.cols),
+            capacity=self.table.capacity,
             view=export(self.gw.health.fleet, self.gw.clock.now()),
         )
         send(writer, hello)
@@ -321,8 +347,7 @@ class Supervisor:
         return web.Response(body=body, content_type="application/json")
 
     def _row(self, index: int) -> list[int]:
-        width = len(self.table.names)
-        return [self.table.cells[index * width + c] for c in range(width)]
+        return self.table.row(index)
 
 
 def _reserve_port(host: str, port: int) -> socket.socket:
@@ -338,7 +363,7 @@ def _reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def run_cluster(cfg: Config) -> None:
+async def run_cluster(cfg: Config, path: str, replace_pid: int | None = None) -> None:
     """`pulsegate serve` with `gateway.workers` > 1; returns after a graceful shutdown."""
     n = cfg.gateway.workers
     clock = SystemClock(asyncio.get_running_loop())
@@ -350,19 +375,27 @@ async def run_cluster(cfg: Config) -> None:
     gw = Primary(cfg, clock, table)
     sup = Supervisor(gw, table, port, admin_socket)
     gw.connect(sup)
-    app = build_app(cfg, view=gw, admin_extra=[("GET", "/admin/workers", sup.workers_view)])
+    reloader = Reloader(path, lambda: gw.config, gw.apply, gw.health)
+    extra = [("GET", "/admin/workers", sup.workers_view), admin_route(reloader)]
+    app = build_app(cfg, view=gw, admin_extra=extra)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.UnixSite(runner, admin_socket, shutdown_timeout=runtime.SITE_SHUTDOWN_S)
     stop = asyncio.Event()
     runtime.stop_on_signals(stop)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.request)
     session = runtime.client_session(cfg.retry.connect_timeout)
     try:
         await site.start()
         gw.health.start(session, gw.tasks)
         runtime.tune_gc()
+        if replace_pid is not None:
+            cold = await replace.warm(gw.health)
+            log.info("replacing pid %d: every backend judged but %d still cold", replace_pid, cold)
         await sup.start()
         print(f"pulsegate listening on http://{cfg.gateway.host}:{port} ({n} workers)", flush=True)
+        if replace_pid is not None:
+            replace.retire(replace_pid)
         await stop.wait()
     finally:
         log.info("shutting down %d worker(s), grace %.1fs", n, cfg.streaming.shutdown_grace)

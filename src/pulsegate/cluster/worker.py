@@ -36,6 +36,7 @@ from pulsegate.cluster.channel import (
     Hello,
     Outcomes,
     Ready,
+    Reload,
     Stats,
     Stop,
     ViewUpdate,
@@ -50,8 +51,9 @@ from pulsegate.config import Config
 from pulsegate.health.observations import Observation, Outcome, RequestResult
 from pulsegate.observe.metrics import Registry
 from pulsegate.proxy.attempt import AttemptOpener
+from pulsegate.proxy.budget import RetryBudget
 from pulsegate.proxy.errors import error_response
-from pulsegate.proxy.forward import Forwarder
+from pulsegate.proxy.forward import Forwarder, retry_budget
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.route import BalancedRouter
 from pulsegate.proxy.state import ProxyState
@@ -106,6 +108,8 @@ class Worker:
     """The proxy half of a gateway: verdicts from the primary, outcomes back to it, the
     in-flight counts in the shared table (its own row; routing reads the totals)."""
 
+    forwarder: Forwarder  # set by `start`
+
     def __init__(
         self,
         config: Config,
@@ -122,11 +126,12 @@ class Worker:
         self.metrics = ProxyMetrics(self.registry)
         self.mirror = FleetMirror()
         self.outcomes = ChannelOutcomes(writer)
-        own = RowCounts(table, slot)
-        load = Totals(table)
+        own = self.own = RowCounts(table, slot)
+        load = self.load = Totals(table)
         router = BalancedRouter(
             self.mirror, Balancer(config.routing, random.Random()), load, claim=own.reserve
         )
+        self.targets = {b.name: target(b) for b in config.backends}
         self.proxy = ProxyState(
             table.names,
             clock,
@@ -141,33 +146,64 @@ class Worker:
         self.view_lag_s = 0.0
         self.tasks = TaskSet(f"worker {slot}")
         self.upstream: Upstream | None = None
+        self._opener: AttemptOpener | None = None
 
     def apply(self, view: View) -> None:
         self.mirror.apply(view)
         self.view_lag_s = max(0.0, self.clock.now() - view.sent)
 
+    def reload(self, cfg: Config, columns: dict[str, int]) -> None:
+        """The primary reloaded: the table's columns first (new backends' cells must exist
+        before the proxy counts them), then the proxy side, as in one process."""
+        self.table.adopt(columns)
+        old = self.config
+        self.config = cfg
+        targets = {b.name: target(b) for b in cfg.backends}
+        if self.upstream is not None:
+            for name, t in self.targets.items():
+                if targets.get(name) != t:
+                    self.upstream.retire(name)
+        self.targets = targets
+        router = BalancedRouter(
+            self.mirror, Balancer(cfg.routing, random.Random()), self.load, claim=self.own.reserve
+        )
+        self.proxy.reconfigure(targets, router, self.mirror, cfg.routing.queue_max)
+        budget = self.forwarder.budget
+        if cfg.retry != old.retry:
+            budget = retry_budget(cfg, self.clock.now())
+        self.forwarder = self._forwarder(budget)
+
     def send_stats(self) -> None:
         send(self._writer, Stats(snapshot(self.metrics), self.proxy.queue.depth, self.view_lag_s))
+
+    @property
+    def verdicts(self) -> FleetMirror:
+        return self.mirror
 
     def start(self) -> Forwarder:
         cfg = self.config
         upstream = self.upstream = Upstream(cfg.retry.connect_timeout, now=self.clock.now)
-        targets = {b.name: target(b) for b in cfg.backends}
-        opener = AttemptOpener(upstream, self.proxy, self.outcomes, self.metrics, self.clock)
+        self._opener = AttemptOpener(upstream, self.proxy, self.outcomes, self.metrics, self.clock)
         # No probers, alerts or health tick here: the primary runs them once for all workers.
         self.tasks.spawn(self.proxy.watch_first_bytes(), "first-byte-watch")
         self.tasks.spawn(self._stats_loop(), "worker-stats")
         self.tasks.spawn(self._remote_release_loop(), "remote-releases")
+        self.forwarder = self._forwarder(retry_budget(cfg, self.clock.now()))
+        return self.forwarder
+
+    def _forwarder(self, budget: RetryBudget) -> Forwarder:
+        assert self._opener is not None
         return Forwarder(
-            cfg,
-            targets,
+            self.config,
+            self.targets,
             self.proxy,
             self.proxy.router,
             self.mirror,
             self.outcomes,
-            opener,
+            self._opener,
             self.metrics,
             self.clock,
+            budget,
         )
 
     async def _stats_loop(self) -> None:
@@ -178,13 +214,14 @@ class Worker:
     async def _remote_release_loop(self) -> None:
         """Wake a waiter for capacity when another worker frees a slot: a release wakes only
         the waiters of the process that released."""
-        names = self.table.names
         queue = self.proxy.queue
         last: list[int] | None = None
+        names = self.table.names
         while True:
             await asyncio.sleep(RELEASE_POLL_S if queue.depth else IDLE_POLL_S)
-            if not queue.depth:
+            if not queue.depth or names is not self.table.names:  # a reload moved columns
                 last = None
+                names = self.table.names
                 continue
             now = self.table.others(self.slot)
             for i, name in enumerate(names):
@@ -245,12 +282,12 @@ async def run_worker(channel_fd: int, inflight_fd: int) -> None:
         raise RuntimeError(f"expected Hello, got {type(hello).__name__}")
     cfg = hello.config
     clock = SystemClock(asyncio.get_running_loop())
-    table = InflightTable(inflight_fd, hello.rows, hello.backends)
+    table = InflightTable(inflight_fd, hello.rows, hello.columns, hello.capacity)
     w = Worker(cfg, clock, table, hello.slot, writer)
     w.mirror.apply(hello.view)  # not `apply`: its delay includes this process's start-up
     relay = PrimaryRelay(hello.admin_socket)
-    fwd = w.start()
-    app = build_app(cfg, proxy=(fwd, w.mirror), to_primary=relay.handle)
+    w.start()
+    app = build_app(cfg, proxy=w, to_primary=relay.handle)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = runtime.tcp_site(runner, cfg.gateway.host, hello.port, reuse_port=True)
@@ -287,6 +324,8 @@ async def _listen(w: Worker, reader: asyncio.StreamReader, stop: asyncio.Event) 
                 w.apply(msg.view)
             elif isinstance(msg, Ejected):
                 w.proxy.cut_ejected(msg.backend, msg.cause)
+            elif isinstance(msg, Reload):
+                w.reload(msg.config, msg.columns)
             elif isinstance(msg, Stop):
                 break
     except ChannelClosed:

@@ -26,6 +26,7 @@ class HealthMetrics:
         "heartbeat_misses",
         "probe",
         "probe_failures",
+        "reloads",
         "rtt",
     )
 
@@ -56,6 +57,11 @@ class HealthMetrics:
             "pulsegate_heartbeat_misses_total",
             "Heartbeats missed, by reason",
             ("backend", "reason"),
+        )
+        self.reloads: Counter = r.counter(
+            "pulsegate_config_reloads_total",
+            "Config reloads (SIGHUP, /admin/reload), by result: ok, refused",
+            ("result",),
         )
         r.add(Gauge("pulsegate_backend_score", "Health score 0-100", ("backend",), self._scores))
         r.add(

@@ -25,7 +25,7 @@ from pulsegate.clock import Clock
 from pulsegate.config import Config
 from pulsegate.control.metrics import HealthMetrics, Samples, ready_counts
 from pulsegate.health.events import Transition
-from pulsegate.health.fleet import Fleet
+from pulsegate.health.fleet import Fleet, Reconfigured
 from pulsegate.health.observations import FirstByteOverdue, Observation
 from pulsegate.observe.alerts import AlertSender
 from pulsegate.observe.events import EventLog
@@ -53,6 +53,9 @@ class HealthService:
         self.prober: Prober | None = None
         self.heartbeats: dict[str, HeartbeatClient] = {}
         self._below_min: set[str] = set()
+        self.config_loaded_at = clock.wall()  # when the config in force was loaded
+        self._tasks: TaskSet | None = None  # set by start(): where drivers run
+        self._session: aiohttp.ClientSession | None = None
         # Told after every observation or action that may have moved a verdict, and of
         # every batch of transitions (after the events are recorded).
         self.on_change: list[Callable[[], None]] = []
@@ -167,25 +170,33 @@ class HealthService:
 
     def start(self, session: aiohttp.ClientSession, tasks: TaskSet) -> None:
         """Alerts, heartbeat clients, probers and the health tick."""
-        cfg = self.config
+        self._tasks, self._session = tasks, session
         self.start_alerts(session)
-        for b in cfg.backends:
+        for b in self.config.backends:
             if b.agent:
-                hb = HeartbeatClient(
-                    b.name,
-                    b.agent,
-                    cfg.probes.heartbeat,
-                    cfg.probes.micro_inference,
-                    emit=self.report,
-                    rng=self.rng,
-                    clock=self.clock,
-                )
-                self.heartbeats[b.name] = hb
-                tasks.spawn(hb.run(), f"heartbeat-{b.name}")
+                self._start_heartbeat(b.name, b.agent, tasks)
+        self._start_prober(tasks)
+        tasks.spawn(self._tick_loop(), "health-tick")
+
+    def _start_heartbeat(self, name: str, agent: str, tasks: TaskSet) -> None:
+        p = self.config.probes
+        hb = HeartbeatClient(
+            name,
+            agent,
+            p.heartbeat,
+            p.micro_inference,
+            emit=self.report,
+            rng=self.rng,
+            clock=self.clock,
+        )
+        self.heartbeats[name] = hb
+        tasks.spawn(hb.run(), f"heartbeat-{name}")
+
+    def _start_prober(self, tasks: TaskSet) -> None:
+        cfg = self.config
         self.prober = Prober(
             cfg.backends,
             cfg.probes,
-            session,
             emit=self.report,
             unstable=self.fleet.unstable,
             set_models=self.set_models,
@@ -194,7 +205,42 @@ class HealthService:
             micro_via_agent=self._micro_via_agent,
         )
         tasks.spawn(self.prober.start(), "prober-start")
-        tasks.spawn(self._tick_loop(), "health-tick")
+
+    # -- reload ---------------------------------------------------------------------------------
+
+    def apply(self, cfg: Config) -> Reconfigured:
+        """Take `cfg` in place of the running config: the fleet keeps every backend whose
+        name and URL stayed (`Fleet.reconfigure`); heartbeat clients start and stop with
+        their backends' `agent`; the probers start over on the new list (a first round for
+        every backend at once: what was added is judged now); a changed webhook gets a new
+        alert sender. Synchronous: the proxy never sees a half-applied config."""
+        old = self.config
+        self.config = cfg
+        self.config_loaded_at = self.clock.wall()
+        change = self.fleet.reconfigure(cfg.backends, cfg.health, cfg.probes, self.clock.now())
+        tasks, session = self._tasks, self._session
+        if tasks is not None:
+            agents = {b.name: b.agent for b in cfg.backends if b.agent}
+            probes_changed = (old.probes.heartbeat, old.probes.micro_inference) != (
+                cfg.probes.heartbeat,
+                cfg.probes.micro_inference,
+            )
+            for name, hb in list(self.heartbeats.items()):
+                if agents.get(name) != hb.target or name in change.restarted or probes_changed:
+                    del self.heartbeats[name]
+                    tasks.spawn(hb.close(), f"heartbeat-close-{name}")
+            for name, agent in agents.items():
+                if name not in self.heartbeats:
+                    self._start_heartbeat(name, agent, tasks)
+            if self.prober is not None:
+                tasks.spawn(self.prober.close(), "prober-close")
+                self._start_prober(tasks)
+            if session is not None and cfg.alerts != old.alerts and self.alerts is not None:
+                tasks.spawn(self.alerts.close(), "alerts-close")
+                self.start_alerts(session)
+        for f in self.on_change:
+            f()
+        return change
 
     def _micro_via_agent(self, name: str) -> bool:
         # While the agent's stream is up, micro-inference travels inside it; when it is down

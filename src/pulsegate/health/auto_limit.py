@@ -23,6 +23,16 @@ class AutoLimit:
         self.auto = configured == MAX_INFLIGHT_AUTO
         self.value = 0 if self.auto else configured
 
+    def reconfigure(self, configured: int) -> None:
+        """A reloaded `max_inflight`: a number applies at once; `auto` keeps what it learned
+        (and starts from 0, unknown, when it was a number before)."""
+        was_auto = self.auto
+        self.auto = configured == MAX_INFLIGHT_AUTO
+        if not self.auto:
+            self.value = configured
+        elif not was_auto:
+            self.value = 0
+
     def learn(self, facts: EngineFacts) -> bool:
         """Fold in one set of engine gauges (`auto` only); True when the limit changed."""
         if not self.auto:

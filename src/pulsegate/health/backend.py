@@ -43,7 +43,8 @@ in-flight counts carry the instant load, and the routable cache stays valid betw
 
 `BackendHealth` folds each observation into the signals and the evidence, asks `rules` what
 fires, and applies it (`_apply`: the one place a hard failure becomes an event); `evaluation`
-runs the periodic judgement; `standing` holds the state and the verdict the balancer reads.
+runs the periodic judgement; `standing` holds the state and the verdict the balancer reads;
+`retune` hands a reloaded config to each of them (`reconfigure`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
-from pulsegate.health import conditions, rules
+from pulsegate.health import conditions, retune, rules
 from pulsegate.health.backoff import Backoff
 from pulsegate.health.cadence import Cadence, cadence
 from pulsegate.health.evaluation import Evaluation
@@ -91,7 +92,7 @@ class BackendHealth:
     ) -> None:
         self.config = config
         self.name = config.name
-        self.models: frozenset[str] = frozenset(config.models)
+        self.models: frozenset[str] = frozenset(config.models)  # /v1/models: set by the fleet
         self._h = health
         self._p = probes
         self.signals = Signals(health.ewma_alpha)
@@ -345,9 +346,10 @@ class BackendHealth:
         words = "ejected by operator" if reason == "admin" else f"ejected by operator: {reason}"
         return (self._move(Event.ADMIN_EJECT, now, "admin", words),)
 
-    def set_models(self, models: frozenset[str]) -> None:
-        """Replace the model list (discovered from /v1/models)."""
-        self.models = models
+    def reconfigure(self, c: BackendConfig, h: HealthConfig, p: ProbesConfig, now: float) -> None:
+        """Same engine, reloaded config: new numbers, same knowledge (`retune`, which see)."""
+        self.config, self.models, self._h, self._p = c, retune.models(c, self.models), h, p
+        retune.retune(self, h, p, self._st, self._evaluation, now)
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -32,6 +32,14 @@ class Backoff:
         self.until = float("-inf")  # earliest time the backend may leave ejection
         self._healthy_since: float | None = None
 
+    def reconfigure(self, base: float, cap: float) -> None:
+        """A reloaded base and cap: they shape the next ejection and the forgiveness period;
+        n, the total and the current `until` are kept (an ejected backend stays out as long
+        as it was told)."""
+        self.base = base
+        self.cap = max(cap, base)
+        self.decay_every = base * DECAY_BASES
+
     def duration(self) -> float:
         """The backoff for the current n, without jitter: min(base x n, cap)."""
         return min(self.base * max(self.n, 1), self.cap)

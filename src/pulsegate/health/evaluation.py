@@ -53,6 +53,14 @@ class Evaluation:
         self.low = 0  # evaluations in a row with the score low (ready, degraded)
         self.good = 0  # evaluations in a row with the score above rejoin_above (ejected)
 
+    def reconfigure(self, health: HealthConfig, probes: ProbesConfig, now: float) -> None:
+        """Judge with reloaded sections from the next evaluation on; the streaks are kept. A
+        shorter interval brings the next evaluation forward to now + interval at the latest; a
+        longer one starts after the one already scheduled."""
+        self._h = health
+        self._p = probes
+        self.next_at = min(self.next_at, now + health.evaluate_interval)
+
     def due(self, now: float) -> bool:
         """Whether an evaluation is due at `now`; if so, the next one is scheduled."""
         if now < self.next_at:

@@ -39,12 +39,16 @@ class Ewma:
     __slots__ = ("_value", "alpha", "at", "count")
 
     def __init__(self, alpha: float) -> None:
-        if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-        self.alpha = alpha
+        self.set_alpha(alpha)
         self._value: float | None = None
         self.at: float | None = None  # time of the last sample
         self.count = 0  # samples seen (saturates; only compared against small floors)
+
+    def set_alpha(self, alpha: float) -> None:
+        """Weigh the samples from now on with `alpha`; the value so far is kept."""
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha = alpha
 
     def update(self, sample: float, now: float) -> None:
         """Fold one sample in; the first sample is taken as is."""

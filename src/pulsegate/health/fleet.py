@@ -12,6 +12,10 @@ holds its ejected backends that are not dead (no failure streak at its limit, th
 saying "not ready", VRAM >= 5%), each flagged `panic=True` with its score-derived weight (at
 least 1%), so the least bad get the most. Entering and leaving panic are recorded as
 `PanicChange`s, collected with `take_panic_changes()`.
+
+Hot reload (`reconfigure`, rules in `reload`): backends are matched by name; a new name or a
+new url starts cold, a name gone leaves at once (its late observations are ignored), the rest
+keep what is known under the new config.
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
+from pulsegate.health import reload
 from pulsegate.health.backend import BackendHealth
 from pulsegate.health.cadence import Cadence
 from pulsegate.health.events import PanicChange, Transition
 from pulsegate.health.observations import Observation
+from pulsegate.health.reload import Reconfigured as Reconfigured  # re-exported: its result
 from pulsegate.health.verdict import State, Verdict
 
 _NO_VERDICTS: tuple[Verdict, ...] = ()
+_NO_TRANSITIONS: tuple[Transition, ...] = ()
 # Backends counted for the panic threshold: those that could carry traffic had they been
 # healthy. Cold, warming and drained ones could not either way, so they do not dilute it.
 _IN_SERVICE = frozenset({State.READY, State.DEGRADED, State.PROBATION, State.EJECTED})
@@ -46,16 +53,15 @@ class Fleet:
         now: float,
     ) -> None:
         self._health = health
+        self._rng = rng
         self._order: tuple[BackendHealth, ...] = tuple(
-            BackendHealth(b, health, probes, rng, now) for b in backends
+            self._fresh(b, health, probes, now) for b in backends
         )
         self._by_name = {b.name: b for b in self._order}
         if len(self._by_name) != len(self._order):
             raise ValueError("backend names must be unique")
         self._groups: dict[str, tuple[BackendHealth, ...]] = {}
         self._regroup()
-        for b in self._order:
-            b.peer_latency = functools.partial(self._peer_latency, b)
         self.version = 0  # moves whenever any verdict or the panic set changes
         self._cache: dict[str | None, tuple[int, tuple[Verdict, ...]]] = {}
         self._panic: set[str] = set()
@@ -67,8 +73,12 @@ class Fleet:
     def observe(self, name: str, obs: Observation, now: float) -> Sequence[Transition]:
         """Fold one observation about backend `name` in; returns the transitions it caused.
 
-        Raises KeyError for an unknown backend name."""
-        b = self._by_name[name]
+        An unknown name gets none and changes nothing. (It raised KeyError before hot reload:
+        now a request or probe in flight when `reconfigure` removed its backend still reports
+        its outcome, and that is no caller bug.)"""
+        b = self._by_name.get(name)
+        if b is None:
+            return _NO_TRANSITIONS
         if now > self._now:
             self._now = now
         v = b.version
@@ -101,6 +111,30 @@ class Fleet:
         """The earliest time `tick` has something to do."""
         return min((b.next_due(now) for b in self._order), default=now + 1.0)
 
+    def reconfigure(
+        self,
+        backends: Sequence[BackendConfig],
+        health: HealthConfig,
+        probes: ProbesConfig,
+        now: float,
+    ) -> Reconfigured:
+        """Take a reloaded backend list and `health`/`probes` sections (`reload`): added and
+        restarted (new url) backends start cold, removed ones leave at once, kept ones keep
+        their state under the new config. routable() and panic reflect the new set at once.
+
+        Raises ValueError for a repeated name, with nothing changed."""
+        fresh = functools.partial(self._fresh, h=health, p=probes, now=now)
+        plan, self._order = reload.rebuild(self._by_name, backends, health, probes, now, fresh)
+        if now > self._now:
+            self._now = now
+        self._health = health
+        self._by_name = {b.name: b for b in self._order}
+        self._regroup()
+        self._cache.clear()  # models gone must not linger in it
+        self.version += 1
+        self._update_panic(now)
+        return plan
+
     # -- operator -----------------------------------------------------------------------------
 
     def drain(self, name: str, now: float) -> list[Transition]:
@@ -124,12 +158,15 @@ class Fleet:
         return list(out)
 
     def set_models(self, name: str, models: Iterable[str]) -> None:
-        """Set the models backend `name` serves (discovered from its /v1/models)."""
-        b = self._by_name[name]
+        """Set the models backend `name` serves (discovered from its /v1/models). A name a
+        reload removed is ignored: its last probe may answer after the reload."""
+        b = self._by_name.get(name)
+        if b is None:
+            return
         new = frozenset(models)
         if new == b.models:
             return
-        b.set_models(new)
+        b.models = new
         self._regroup()
         self.version += 1
         self._update_panic(self._now)
@@ -231,6 +268,14 @@ class Fleet:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _fresh(
+        self, c: BackendConfig, h: HealthConfig, p: ProbesConfig, now: float
+    ) -> BackendHealth:
+        """A new backend's health, cold, as at start."""
+        b = BackendHealth(c, h, p, self._rng, now)
+        b.peer_latency = functools.partial(self._peer_latency, b)
+        return b
+
     def _regroup(self) -> None:
         groups: dict[str, list[BackendHealth]] = {}
         for b in self._order:
@@ -285,8 +330,10 @@ class Fleet:
                 reason = f"panic over: {ejected}/{total} backends for {model} ejected"
             self._panic_changes.append(PanicChange(model, over, now, ejected, total, reason))
         for model in list(self._panic):
-            if model not in self._groups:
+            if model not in self._groups:  # no backend serves it any more (models, reload)
                 self._panic.discard(model)
+                why = f"panic over: no backend serves {model}"
+                self._panic_changes.append(PanicChange(model, False, now, 0, 0, why))
                 changed = True
         if changed:
             self.version += 1

@@ -25,12 +25,18 @@ class Probation:
     __slots__ = ("_steps", "duration", "micro_ok", "ramp_step", "started")
 
     def __init__(self, duration: float, ramp_step: float) -> None:
+        self.reconfigure(duration, ramp_step)
+        self.started = float("-inf")
+        self.micro_ok = 0  # micro-inferences passed during this probation
+
+    def reconfigure(self, duration: float, ramp_step: float) -> None:
+        """A reloaded duration and ramp step. A probation under way keeps its start and its
+        micro-inferences, and follows the new ramp from that start (a shorter duration already
+        over ends it at the next tick)."""
         self.duration = max(0.0, duration)
         self.ramp_step = min(1.0, max(1e-6, ramp_step))
         # Steps to reach 1.0 (100 for 0.01); ceil so that step x (steps - 1) < 1.
         self._steps = max(1, math.ceil(1.0 / self.ramp_step - 1e-9))
-        self.started = float("-inf")
-        self.micro_ok = 0  # micro-inferences passed during this probation
 
     def start(self, now: float) -> None:
         """Begin a probation period at `now`."""

@@ -151,6 +151,12 @@ class Signals:
         self.last_heartbeat_miss = ""
         self.last_failure_at: float | None = None
 
+    def reconfigure(self, alpha: float) -> None:
+        """A reloaded `ewma_alpha`: the latency and RTT averages weigh new samples with it and
+        keep their values, counts and baselines. (The error rate and queue use fixed half-lives.)"""
+        for e in (self.micro.ewma, self.canary.ewma, self.ttft.ewma, self.rtt):
+            e.set_alpha(alpha)
+
     # -- recording -------------------------------------------------------------------------
 
     def record_request_ok(self, ttft_s: float | None, now: float) -> None:

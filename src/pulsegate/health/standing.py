@@ -49,6 +49,15 @@ class Standing:
         self.version = 0
         self._verdict = self._build()
 
+    def reconfigure(self, config: BackendConfig, weights: WeightsConfig) -> None:
+        """A reloaded config for the same engine: the state, the numbers, the suspicion and a
+        learned `auto` limit are kept; the verdict is rebuilt at once, so a new weight, zone or
+        `max_inflight` shows now. The score weights apply from the next refresh (evaluation)."""
+        self.config = config
+        self._weights = weights
+        self._limit.reconfigure(config.max_inflight)
+        self.publish()
+
     @property
     def verdict(self) -> Verdict:
         """The backend as the balancer sees it (outside panic)."""

@@ -47,17 +47,28 @@ import aiohttp
 
 from pulsegate.clock import Clock
 from pulsegate.config import BackendConfig, ProbesConfig
-from pulsegate.health.observations import Observation, ProbeKind, ProbeResult
+from pulsegate.health.observations import EngineFacts, Observation, ProbeKind, ProbeResult
 from pulsegate.probers.cadence import Kind, delays, pause
 from pulsegate.probers.engine_metrics import EngineMetricsReader
 from pulsegate.probers.http import PROBE_HEADER, new_probe_session
-from pulsegate.probers.micro import probe_inference
+from pulsegate.probers.micro import Inference, probe_inference
 from pulsegate.probers.payload import Api, CanaryText, canary_body, micro_body
-from pulsegate.probers.readiness import probe_readiness
+from pulsegate.probers.readiness import Readiness, probe_readiness
 from pulsegate.probers.scrape import scrape_engine
 from pulsegate.probers.waits import wait_event
 
 log = logging.getLogger("pulsegate.probers")
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeIO:
+    """The probes' I/O, one function per kind: the defaults talk HTTP to the engine. Tests
+    plug in functions that answer at once, to drive the cadence on a `ManualClock` (a
+    seam, like httpx's transport: no module is patched)."""
+
+    readiness: Callable[..., Awaitable[Readiness]] = probe_readiness
+    inference: Callable[..., Awaitable[Inference]] = probe_inference
+    scrape: Callable[..., Awaitable[EngineFacts | str]] = scrape_engine
 
 
 @dataclass(eq=False)
@@ -82,17 +93,15 @@ class Prober:
 
     Probes run on the Prober's own session (`new_probe_session()`, made in `start()`, closed
     in `close()`): its own small connection pool, so probes never queue behind client
-    traffic and never hold more than 4 connections to a backend. The `session` argument is
-    accepted so existing callers keep working, and is not used for probing. `clock` is the
-    one time source: it times probes, their deadlines and the cadence; `rng` draws jitter
-    and the canary text.
+    traffic and never hold more than 4 connections to a backend. `clock` is the one time
+    source: it times probes, their deadlines and the cadence; `rng` draws jitter and the
+    canary text; `io` performs the probes.
     """
 
     def __init__(
         self,
         backends: Sequence[BackendConfig],
         probes: ProbesConfig,
-        session: aiohttp.ClientSession | None,
         emit: Callable[[str, Observation], None],
         unstable: Callable[[str], bool],
         set_models: Callable[[str, tuple[str, ...]], None],
@@ -100,7 +109,9 @@ class Prober:
         micro_via_agent: Callable[[str], bool] = lambda name: False,
         *,
         clock: Clock,
+        io: ProbeIO = ProbeIO(),
     ) -> None:
+        self._io = io
         self._configs = tuple(backends)
         self._probes = probes
         self._pool: aiohttp.ClientSession | None = None
@@ -198,7 +209,7 @@ class Prober:
 
     async def _readiness(self, b: _Backend) -> bool:
         cfg = b.cfg
-        r = await probe_readiness(
+        r = await self._io.readiness(
             self._session(),
             cfg.url,
             b.headers[Kind.READINESS],
@@ -222,7 +233,7 @@ class Prober:
         if self._call("micro_via_agent", self._via_agent_cb, b.cfg.name) or not self._servable(b):
             return False
         model = b.models[0]
-        out = await probe_inference(
+        out = await self._io.inference(
             ProbeKind.MICRO,
             self._session(),
             b.cfg.url,
@@ -246,7 +257,7 @@ class Prober:
                 b.canary_bodies[key] = canary_body(b.canary_text, model, api, size)
             return b.canary_bodies[key]
 
-        out = await probe_inference(
+        out = await self._io.inference(
             ProbeKind.CANARY,
             self._session(),
             b.cfg.url,
@@ -261,7 +272,7 @@ class Prober:
     async def _metrics(self, b: _Backend) -> bool:
         cfg = b.cfg
         timeout = min(self._probes.readiness.timeout, self._probes.metrics_interval)
-        out = await scrape_engine(
+        out = await self._io.scrape(
             self._session(),
             f"{cfg.url}{cfg.metrics_path}",
             b.headers[Kind.METRICS],

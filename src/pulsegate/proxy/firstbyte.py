@@ -37,6 +37,17 @@ class FirstByteWatch:
         self._reported: dict[str, float] = {}
         self._tokens = itertools.count()
 
+    def track(self, names: Iterable[str]) -> None:
+        """Watch these backends from now on (a reload added them); others stay as they are
+        until `forget`."""
+        for n in names:
+            self._waiting.setdefault(n, {})
+
+    def forget(self, name: str) -> None:
+        """A removed backend whose last request ended."""
+        self._waiting.pop(name, None)
+        self._reported.pop(name, None)
+
     def watch(self, name: str, t0: float) -> int:
         token = next(self._tokens)
         self._waiting[name][token] = t0

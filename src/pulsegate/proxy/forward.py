@@ -24,8 +24,6 @@ from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.ports import Outcomes, Router, Verdicts
 from pulsegate.proxy.relay import Relay, StreamSettings
 from pulsegate.proxy.request import (
-    CHAT,
-    COMPLETIONS,
     Limits,
     ProxyRequest,
     Rejection,
@@ -54,6 +52,7 @@ class Forwarder:
         opener: AttemptOpener,
         metrics: ProxyMetrics,
         clock: Clock,
+        budget: RetryBudget,
     ) -> None:
         self.targets = targets
         self.state = state
@@ -73,7 +72,7 @@ class Forwarder:
         )
         self.max_attempts = r.max_attempts
         self.queue_timeout = config.routing.queue_timeout
-        self.budget = RetryBudget(r.budget_ratio, r.budget_min_per_s, clock.now())
+        self.budget = budget
         # `resume: none`: an engine that cannot continue a stream is never a continuation
         # target, whatever engine the stream broke on.
         resume_unable = tuple(n for n, t in targets.items() if t.resume == "none")
@@ -88,12 +87,6 @@ class Forwarder:
             resume_unable=resume_unable,
         )
         self.outcomes = outcomes
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.handle(request, CHAT)
-
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.handle(request, COMPLETIONS)
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
         max_body = self.limits.max_body
@@ -203,6 +196,11 @@ class Forwarder:
         this request and able to continue a stream."""
         v = self.router.pick(req.model, [*tried, *self.streaming.resume_unable], req.session_key)
         return None if v is None else self.targets[v.name]
+
+
+def retry_budget(cfg: Config, now: float) -> RetryBudget:
+    """The retry budget `retry.budget_ratio` / `budget_min_per_s` describe, full at `now`."""
+    return RetryBudget(cfg.retry.budget_ratio, cfg.retry.budget_min_per_s, now)
 
 
 def _response_headers(resp: UpstreamResponse, name: str, attempts: int) -> dict[str, str]:

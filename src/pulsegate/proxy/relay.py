@@ -110,6 +110,8 @@ class Relay:
         out = self._out = web.StreamResponse(status=resp.status, headers=headers)
         out.headers.update(_SSE_HEADERS)
         held: str | None = target.name  # the backend acquired (in flight) right now
+        if proxy.shutting_down:
+            out.force_close()  # draining: `Connection: close`, the client reconnects elsewhere
         try:
             await out.prepare(self.request)
             while True:

@@ -53,6 +53,9 @@ class ProxyState:
         self._pending: dict[str, set[asyncio.Timeout]] = {n: set() for n in names}
         self.shutting_down = False
         self.drained = asyncio.Event()
+        # Removed by a reload while requests to them were in flight: forgotten at the last
+        # release (their requests and streams finish where they are).
+        self._leaving: set[str] = set()
 
     # -- in flight ----------------------------------------------------------------------------
 
@@ -65,6 +68,40 @@ class ProxyState:
             self.queue.wake_for(self.verdicts.backend_models(name))
         if self.shutting_down and not any(self.inflight.values()):
             self.drained.set()
+        if self._leaving and name in self._leaving and not self.inflight[name]:
+            self._forget(name)
+
+    # -- reload ---------------------------------------------------------------------------------
+
+    def reconfigure(
+        self, names: Iterable[str], router: Router, verdicts: Verdicts, queue_max: int
+    ) -> None:
+        """A reload: backends added get their rows; removed ones take nothing new (the
+        router no longer names them) and are forgotten once their last request ends."""
+        names = tuple(names)
+        self.router = router
+        self.verdicts = verdicts
+        self.queue.limit = queue_max
+        for n in names:
+            self._leaving.discard(n)
+            if n not in self._streams:
+                self.inflight[n] = 0
+                self._streams[n] = set()
+                self._pending[n] = set()
+        self.first_byte.track(names)
+        keep = set(names)
+        for n in [n for n in self._streams if n not in keep]:
+            if self.inflight.get(n, 0):
+                self._leaving.add(n)
+            else:
+                self._forget(n)
+
+    def _forget(self, name: str) -> None:
+        self._leaving.discard(name)
+        self.inflight.pop(name, None)
+        self._streams.pop(name, None)
+        self._pending.pop(name, None)
+        self.first_byte.forget(name)
 
     # -- the capacity queue: when every candidate is at its limit, wait, then 503 -----------
 

@@ -116,6 +116,7 @@ class Pool:
         self.connects = 0
         self.reuses = 0
         self.stale_retries = 0
+        self.retired = False  # replaced by a reload: connections close when released
 
     @property
     def idle(self) -> int:
@@ -190,6 +191,9 @@ class Pool:
         conn.uses += 1
         if conn.closed:
             return
+        if self.retired:
+            conn.close()
+            return
         idle = self._idle
         if len(idle) >= self._up.max_idle:
             idle.popleft().close()  # the longest idle goes
@@ -214,6 +218,16 @@ class Pool:
 
     def _lost(self, conn: Connection) -> None:
         self._conns.discard(conn)
+
+    def retire(self) -> None:
+        """The backend was removed or changed by a reload: close the idle connections now;
+        those carrying a request or a stream finish it and close when released."""
+        self.retired = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        while self._idle:
+            self._idle.popleft().close()
 
     def close(self) -> None:
         if self._sweeper is not None:
@@ -250,6 +264,13 @@ class Upstream:
         if p is None:
             p = self._pools[name] = Pool(self, url, headers)
         return p
+
+    def retire(self, name: str) -> None:
+        """Backend `name` was removed, or its URL or headers changed, by a reload: its pool
+        takes no new request; the next `pool(name, ...)` makes a fresh one."""
+        p = self._pools.pop(name, None)
+        if p is not None:
+            p.retire()
 
     def ssl_context(self) -> ssl.SSLContext:
         """For https:// backends (hosted APIs): the system's trust store, SNI, hostname
