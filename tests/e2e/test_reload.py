@@ -3,6 +3,7 @@ streaming load, and no request fails and no stream is cut (real sims, a real gat
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -299,11 +300,51 @@ def test_pulsegate_reload_cli(
     gw.write_config(_config([a, b], **extra))
     run_env = {"PULSEGATE_ADMIN_TOKEN": token} if token else {}
     cli = [sys.executable, "-m", "pulsegate", "reload", "--url", gw.url]
-    import os
-
     p = subprocess.run(cli, capture_output=True, env={**os.environ, **run_env}, timeout=30)
     assert p.returncode == 0, p.stderr
     assert b"added: b" in p.stdout
     gw.config_path.write_text("backends: 3\n")
     p = subprocess.run(cli, capture_output=True, env={**os.environ, **run_env}, timeout=30)
     assert p.returncode == 2 and b"backends" in p.stderr, p.stderr
+
+
+def test_replacement_of_a_multi_worker_gateway(
+    tmp_path: Path,
+    procs: list[Proc],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    """gateway.workers 2 replaced by another 2-worker gateway under load: the old primary
+    and its workers exit, no request fails."""
+    a = start_sim("a")
+    workers = {"workers": 2}
+    old = start_gateway(_config([a], gateway=workers))
+    old.wait_all_ready()
+    old_workers = {w["pid"] for w in httpx.get(f"{old.url}/admin/workers").json()["workers"]}
+    config = _config([a], gateway={**workers, "listen": f"127.0.0.1:{old.port}"})
+    with Load(old.url, clients=2) as load:
+        wait_until(lambda: load.ok >= 10, what="load running")
+        new = _replacement(tmp_path, old, config)
+        procs.append(new)
+        old.popen.wait(timeout=20)
+        done = load.ok
+        wait_until(lambda: load.ok >= done + 10, what="load on the new gateway")
+    assert old.popen.returncode == 0
+    for pid in old_workers:
+        wait_until(lambda pid=pid: not Path(f"/proc/{pid}").exists(), what=f"worker {pid} gone")
+    new_workers = {w["pid"] for w in httpx.get(f"{new.url}/admin/workers").json()["workers"]}
+    assert len(new_workers) == 2 and not new_workers & old_workers
+    assert load.failures == []
+
+
+def test_the_systemd_unit_reloads_with_sighup_and_upgrades_with_replace() -> None:
+    """deploy/systemd: ExecReload sends SIGHUP; the start script uses serve --replace."""
+    root = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+    unit = (root / "pulsegate@.service").read_text()
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
+    script = (root / "pulsegate-start").read_text()
+    assert 'serve -c "$PULSEGATE_CONFIG" --replace "$old"' in script
+    p = subprocess.run(
+        [sys.executable, "-m", "pulsegate", "serve", "--help"], capture_output=True, timeout=30
+    )
+    assert b"--replace PID" in p.stdout

@@ -44,6 +44,8 @@ def test_first_call_has_totals_but_no_rates() -> None:
     assert doc["states"] == {"cold": 2}
     assert doc["panic"] is False
     assert doc["monotonic"] == 100.0
+    assert doc["config_loaded_at"] == round(gw.health.clock.wall(), 3)  # loaded at start
+    assert doc["config_reloads"] == {"ok": 0, "refused": 0}
 
 
 def test_rates_shares_and_hidden_failures() -> None:

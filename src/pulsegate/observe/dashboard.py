@@ -120,6 +120,11 @@ def summary(
         # When this gateway process started serving: a page left open across a restart sees
         # it change and starts its event list over (event ids restart at 1).
         "started": started,
+        # When the config in force was loaded (start or last reload), and reloads so far.
+        "config_loaded_at": round(gw.health.config_loaded_at, 3),
+        "config_reloads": {
+            r: int(gw.health.metrics.reloads.get((r,))) for r in ("ok", "refused")
+        },
         # The gateway's monotonic clock: `since` and `ejected_until` in /admin/backends are on it.
         "monotonic": round(now, 3),
         "window_s": None,
