@@ -17,7 +17,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -31,8 +31,10 @@ from pulsegate.observe.alerts import AlertSender
 from pulsegate.observe.events import EventLog
 from pulsegate.observe.metrics import Registry
 from pulsegate.probers import Prober
-from pulsegate.probers.heartbeat import HeartbeatClient
 from pulsegate.runtime import TaskSet
+
+if TYPE_CHECKING:
+    from pulsegate.probers.heartbeat import HeartbeatClient
 
 log = logging.getLogger("pulsegate.health")
 
@@ -179,6 +181,9 @@ class HealthService:
         tasks.spawn(self._tick_loop(), "health-tick")
 
     def _start_heartbeat(self, name: str, agent: str, tasks: TaskSet) -> None:
+        # Imported only when a backend has an agent: grpcio costs ~10 MB of RSS.
+        from pulsegate.probers.heartbeat import HeartbeatClient
+
         p = self.config.probes
         hb = HeartbeatClient(
             name,

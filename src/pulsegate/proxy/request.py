@@ -48,7 +48,7 @@ class Limits:
     backends: tuple[BackendConfig, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, per request
 class ProxyRequest:
     path: str
     body: bytes
