@@ -122,9 +122,7 @@ def summary(
         "started": started,
         # When the config in force was loaded (start or last reload), and reloads so far.
         "config_loaded_at": round(gw.health.config_loaded_at, 3),
-        "config_reloads": {
-            r: int(gw.health.metrics.reloads.get((r,))) for r in ("ok", "refused")
-        },
+        "config_reloads": {r: int(gw.health.metrics.reloads.get((r,))) for r in ("ok", "refused")},
         # The gateway's monotonic clock: `since` and `ejected_until` in /admin/backends are on it.
         "monotonic": round(now, 3),
         "window_s": None,
