@@ -22,7 +22,7 @@ from pulsegate.proxy.state import ProxyState
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class ProxySide(Protocol):
+class ProxyRoutes(Protocol):
     """What the OpenAI routes need: the current request handler (a reload replaces it; a
     request in flight keeps the one it started with), the verdicts /v1/models lists, and
     the proxy state (while it drains, every answer says `Connection: close`)."""
@@ -44,7 +44,7 @@ def set_max_body(app: web.Application, cfg: Config) -> None:
 def build_app(
     config: Config,
     *,
-    proxy: ProxySide | None = None,
+    proxy: ProxyRoutes | None = None,
     view: GatewayView | None = None,
     to_primary: Handler | None = None,
     admin_extra: Sequence[tuple[str, str, Handler]] = (),

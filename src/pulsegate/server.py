@@ -42,7 +42,7 @@ async def run_gateway(
         return change
 
     reloader = Reloader(path, lambda: gw.config, apply, gw.health)
-    app = build_app(cfg, proxy=gw, view=gw, admin_extra=[admin_route(reloader)])
+    app = build_app(cfg, proxy=gw.side, view=gw, admin_extra=[admin_route(reloader)])
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     # SO_REUSEPORT always: a replacement (`serve --replace PID`) listens beside this one.
@@ -64,7 +64,7 @@ async def run_gateway(
     try:
         await stop.wait()
     finally:
-        await runtime.shutdown(gw.proxy, runner, site, cfg.streaming.shutdown_grace)
+        await runtime.shutdown(gw.side.proxy, runner, site, cfg.streaming.shutdown_grace)
         await gw.close()
         clock.close()
 

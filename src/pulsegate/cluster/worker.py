@@ -50,15 +50,12 @@ from pulsegate.cluster.shared import InflightTable, RowCounts, Totals
 from pulsegate.config import Config
 from pulsegate.health.observations import Observation, Outcome, RequestResult
 from pulsegate.observe.metrics import Registry
-from pulsegate.proxy.attempt import AttemptOpener
-from pulsegate.proxy.budget import RetryBudget
 from pulsegate.proxy.errors import error_response
-from pulsegate.proxy.forward import Forwarder, retry_budget
+from pulsegate.proxy.forward import Forwarder
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.route import BalancedRouter
+from pulsegate.proxy.side import ProxySide
 from pulsegate.proxy.state import ProxyState
-from pulsegate.proxy.targets import target
-from pulsegate.proxy.upstream import Upstream
 from pulsegate.runtime import TaskSet
 
 log = logging.getLogger("pulsegate.worker")
@@ -108,8 +105,6 @@ class Worker:
     """The proxy half of a gateway: verdicts from the primary, outcomes back to it, the
     in-flight counts in the shared table (its own row; routing reads the totals)."""
 
-    forwarder: Forwarder  # set by `start`
-
     def __init__(
         self,
         config: Config,
@@ -126,27 +121,27 @@ class Worker:
         self.metrics = ProxyMetrics(self.registry)
         self.mirror = FleetMirror()
         self.outcomes = ChannelOutcomes(writer)
-        own = self.own = RowCounts(table, slot)
-        load = self.load = Totals(table)
-        router = BalancedRouter(
-            self.mirror, Balancer(config.routing, random.Random()), load, claim=own.reserve
-        )
-        self.targets = {b.name: target(b) for b in config.backends}
-        self.proxy = ProxyState(
+        self.own = RowCounts(table, slot)
+        self.load = Totals(table)
+        state = ProxyState(
             table.names,
             clock,
-            router,
+            self._router(config),
             self.mirror,
             self.outcomes,
             config.routing.queue_max,
-            inflight=own,
-            load=load,
+            inflight=self.own,
+            load=self.load,
         )
+        self.side = ProxySide(config, clock, state, self.mirror, self.outcomes, self.metrics)
+        self.proxy = state
         self._writer = writer
         self.view_lag_s = 0.0
         self.tasks = TaskSet(f"worker {slot}")
-        self.upstream: Upstream | None = None
-        self._opener: AttemptOpener | None = None
+
+    def _router(self, cfg: Config) -> BalancedRouter:
+        balancer = Balancer(cfg.routing, random.Random())
+        return BalancedRouter(self.mirror, balancer, self.load, claim=self.own.reserve)
 
     def apply(self, view: View) -> None:
         self.mirror.apply(view)
@@ -156,55 +151,18 @@ class Worker:
         """The primary reloaded: the table's columns first (new backends' cells must exist
         before the proxy counts them), then the proxy side, as in one process."""
         self.table.adopt(columns)
-        old = self.config
         self.config = cfg
-        targets = {b.name: target(b) for b in cfg.backends}
-        if self.upstream is not None:
-            for name, t in self.targets.items():
-                if targets.get(name) != t:
-                    self.upstream.retire(name)
-        self.targets = targets
-        router = BalancedRouter(
-            self.mirror, Balancer(cfg.routing, random.Random()), self.load, claim=self.own.reserve
-        )
-        self.proxy.reconfigure(targets, router, self.mirror, cfg.routing.queue_max)
-        budget = self.forwarder.budget
-        if cfg.retry != old.retry:
-            budget = retry_budget(cfg, self.clock.now())
-        self.forwarder = self._forwarder(budget)
+        self.side.reconfigure(cfg, self._router(cfg))
 
     def send_stats(self) -> None:
         send(self._writer, Stats(snapshot(self.metrics), self.proxy.queue.depth, self.view_lag_s))
 
-    @property
-    def verdicts(self) -> FleetMirror:
-        return self.mirror
-
     def start(self) -> Forwarder:
-        cfg = self.config
-        upstream = self.upstream = Upstream(cfg.retry.connect_timeout, now=self.clock.now)
-        self._opener = AttemptOpener(upstream, self.proxy, self.outcomes, self.metrics, self.clock)
         # No probers, alerts or health tick here: the primary runs them once for all workers.
         self.tasks.spawn(self.proxy.watch_first_bytes(), "first-byte-watch")
         self.tasks.spawn(self._stats_loop(), "worker-stats")
         self.tasks.spawn(self._remote_release_loop(), "remote-releases")
-        self.forwarder = self._forwarder(retry_budget(cfg, self.clock.now()))
-        return self.forwarder
-
-    def _forwarder(self, budget: RetryBudget) -> Forwarder:
-        assert self._opener is not None
-        return Forwarder(
-            self.config,
-            self.targets,
-            self.proxy,
-            self.proxy.router,
-            self.mirror,
-            self.outcomes,
-            self._opener,
-            self.metrics,
-            self.clock,
-            budget,
-        )
+        return self.side.start()
 
     async def _stats_loop(self) -> None:
         while True:
@@ -231,8 +189,7 @@ class Worker:
 
     async def close(self) -> None:
         await self.tasks.cancel()
-        if self.upstream is not None:
-            await self.upstream.close()
+        await self.side.close()
         self.outcomes.flush()
         self.send_stats()
 
@@ -287,7 +244,7 @@ async def run_worker(channel_fd: int, inflight_fd: int) -> None:
     w.mirror.apply(hello.view)  # not `apply`: its delay includes this process's start-up
     relay = PrimaryRelay(hello.admin_socket)
     w.start()
-    app = build_app(cfg, proxy=w, to_primary=relay.handle)
+    app = build_app(cfg, proxy=w.side, to_primary=relay.handle)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = runtime.tcp_site(runner, cfg.gateway.host, hello.port, reuse_port=True)

@@ -1,0 +1,83 @@
+"""The proxy half of a process, composed once for the single-process gateway and the worker.
+
+It owns the targets (`targets.py`), the upstream pools, the attempt opener and the current
+request handler (`Forwarder`) over a `ProxyState` the caller made (in one process with plain
+counts; in a worker with its shared-memory row). A reload (`reconfigure`) retires the pools
+of removed or changed backends, gives the state the new backend list and router, and
+replaces the request handler: requests in flight finish on the one they started with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pulsegate.clock import Clock
+from pulsegate.config import Config
+from pulsegate.proxy.attempt import AttemptOpener
+from pulsegate.proxy.budget import RetryBudget
+from pulsegate.proxy.forward import Forwarder, retry_budget
+from pulsegate.proxy.metrics import ProxyMetrics
+from pulsegate.proxy.ports import Outcomes, Router, Verdicts
+from pulsegate.proxy.state import ProxyState
+from pulsegate.proxy.targets import Target, target
+from pulsegate.proxy.upstream import Upstream
+
+
+class ProxySide:
+    forwarder: Forwarder  # the request handler (set by `start`, replaced by a reload)
+
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock,
+        state: ProxyState,
+        verdicts: Verdicts,
+        outcomes: Outcomes,
+        metrics: ProxyMetrics,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.proxy = state
+        self.verdicts = verdicts
+        self.outcomes = outcomes
+        self.metrics = metrics
+        self.targets: Mapping[str, Target] = {b.name: target(b) for b in config.backends}
+        self.upstream = Upstream(config.retry.connect_timeout, now=clock.now)
+        self._opener = AttemptOpener(self.upstream, state, outcomes, metrics, clock)
+
+    def start(self) -> Forwarder:
+        self.forwarder = self._forwarder(retry_budget(self.config, self.clock.now()))
+        return self.forwarder
+
+    def _forwarder(self, budget: RetryBudget) -> Forwarder:
+        return Forwarder(
+            self.config,
+            self.targets,
+            self.proxy,
+            self.proxy.router,
+            self.verdicts,
+            self.outcomes,
+            self._opener,
+            self.metrics,
+            self.clock,
+            budget,
+        )
+
+    def reconfigure(self, cfg: Config, router: Router) -> None:
+        """A reload's proxy side: new targets, routing, retry and streaming keys. The retry
+        budget carries over unless its keys changed."""
+        old = self.config
+        self.config = cfg
+        targets = {b.name: target(b) for b in cfg.backends}
+        for name, t in self.targets.items():
+            if targets.get(name) != t:
+                self.upstream.retire(name)
+        self.targets = targets
+        self.proxy.reconfigure(targets, router, self.verdicts, cfg.routing.queue_max)
+        budget = self.forwarder.budget
+        if cfg.retry != old.retry:
+            budget = retry_budget(cfg, self.clock.now())
+        self.forwarder = self._forwarder(budget)
+
+    async def close(self) -> None:
+        await self.upstream.close()
