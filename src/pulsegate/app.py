@@ -9,7 +9,7 @@ from typing import Protocol
 import orjson
 from aiohttp import web
 
-from pulsegate.admin import Admin
+from pulsegate.admin import READ_METHODS, Admin, browser_refusal
 from pulsegate.config import Config
 from pulsegate.observe.dashboard import register as register_dashboard
 from pulsegate.observe.view import GatewayView
@@ -39,6 +39,23 @@ def set_max_body(app: web.Application, cfg: Config) -> None:
     every request it makes (`Application._client_max_size`, no public setter); the forwarder
     turns an oversize read into an OpenAI-shaped 413."""
     app._client_max_size = cfg.gateway.max_body_bytes + 1  # the extra byte: see build_app
+
+
+def _gate_admin_changes(to_primary: Handler) -> Handler:
+    """A worker's relay to the primary (admin, metrics, dashboard: every path but the OpenAI
+    ones), refusing first a change without a token that may come from a web page
+    (`admin.browser_refusal`): the relay passes on neither Host nor Origin, so only the
+    worker can check them. A request with an Authorization header goes on: a page cannot
+    send one cross-site without a preflight, and the primary checks the token."""
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        if request.method not in READ_METHODS and "authorization" not in request.headers:
+            refusal = browser_refusal(request)
+            if refusal is not None:
+                return refusal
+        return await to_primary(request)
+
+    return relay
 
 
 def build_app(
@@ -107,7 +124,7 @@ def build_app(
 
     r.add_get("/healthz", healthz)
     if to_primary is not None:
-        r.add_route("*", "/{tail:.*}", to_primary)
+        r.add_route("*", "/{tail:.*}", _gate_admin_changes(to_primary))
         return app
     if view is None:
         r.add_route("*", "/{tail:.*}", not_found)

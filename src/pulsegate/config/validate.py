@@ -9,6 +9,7 @@ and keeps every problem in the order the file is read, so `pulsegate check` list
 from __future__ import annotations
 
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from pulsegate.config.schema import (
     BackendConfig,
@@ -22,11 +23,30 @@ from pulsegate.config.schema import (
 Problem = tuple[str, str]
 
 
+def _has_credentials(url: str) -> bool:
+    """`url` carries a `user[:password]@` part."""
+    try:
+        return "@" in urlsplit(url).netloc
+    except ValueError:  # a malformed authority: reported by the URL's own check, if at all
+        return "@" in url.split("//", 1)[-1].split("/", 1)[0]
+
+
 def backend_problems(backends: Sequence[BackendConfig]) -> list[Problem]:
-    """Two backends with one name (keys from the root: ``backends[2].name``)."""
+    """Two backends with one name, credentials in a URL (keys from the root:
+    ``backends[2].name``)."""
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     for i, b in enumerate(backends):
+        if _has_credentials(b.url):
+            # It would show in /admin/backends, events and logs, and clash with api_key_env
+            # on every probe. The message never repeats the URL.
+            problems.append(
+                (
+                    f"backends[{i}].url",
+                    "must not carry credentials (user:password@); put the key in an "
+                    "environment variable named by api_key_env",
+                )
+            )
         if b.name and b.name in seen:
             problems.append(
                 (f"backends[{i}].name", f"duplicate of backends[{seen[b.name]}] ({b.name})")

@@ -31,7 +31,7 @@ _OK_NONSTREAM = RequestResult(Outcome.OK, None, 200)
 # Counting the sent text's tokens on the continuation target: ~1-50 ms for vLLM; past this
 # the event count is used rather than delay the resume further.
 TOKENIZE_TIMEOUT_S = 2.0
-_ERROR_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
+_ERROR_CODES = {400: "invalid_request", 404: "not_found"}
 
 
 @dataclass(slots=True)
@@ -162,7 +162,7 @@ class AttemptOpener:
             resp.release()
         self._outcomes.report(target.name, RequestResult(outcome, self._clock.now() - t0, status))
         if outcome is Outcome.CLIENT_ERROR:
-            status, data = normalize_error(status, data)
+            status, data = normalize_error(status, data, target.name)
             headers = {"content-type": "application/json", "x-pulsegate-backend": target.name}
             return Failure(
                 outcome,
@@ -179,9 +179,17 @@ class AttemptOpener:
         return excused > 0.0 and now - t0 - excused < deadline
 
 
-def normalize_error(status: int, body: bytes) -> tuple[int, bytes]:
+def normalize_error(status: int, body: bytes, backend: str = "backend") -> tuple[int, bytes]:
     """A backend's 4xx in OpenAI's shape: an `{"error": {...}}` body passes unchanged;
-    FastAPI's `{"detail": ...}` or plain text is wrapped; 422 (FastAPI validation) is 400."""
+    FastAPI's `{"detail": ...}` or plain text is wrapped; 422 (FastAPI validation) is 400.
+    A 401 or 403 is the backend refusing the gateway's own credentials (`api_key_env`), not
+    the client's: a 502 naming `backend`, none of its body (hosted APIs echo the key)."""
+    if status in (401, 403):
+        message = (
+            f"backend '{backend}' refused the gateway's credentials (HTTP {status}); "
+            "check its api_key_env"
+        )
+        return 502, error_body(502, message, "upstream_auth_failed")
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
