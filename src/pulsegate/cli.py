@@ -53,6 +53,22 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--model", default=None, help="model for micro-inference (default: first listed)"
     )
+    s.add_argument(
+        "--token-env",
+        default=None,
+        metavar="VAR",
+        help="environment variable holding the shared token every stream must present",
+    )
+    s.add_argument(
+        "--micro-timeout",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="longest micro-inference in seconds; a caller's timeout_ms is clipped to it",
+    )
+    s.add_argument(
+        "--max-streams", type=int, default=16, help="most heartbeat streams open at once"
+    )
 
     s = sub.add_parser("status", help="table of backends")
     s.add_argument("--url", default="http://127.0.0.1:8080")
@@ -105,7 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         from pulsegate.agent.server import run_agent
 
         return int(
-            run_agent(engine=args.engine, listen=args.listen, gpu=args.gpu, model=args.model)
+            run_agent(
+                engine=args.engine,
+                listen=args.listen,
+                gpu=args.gpu,
+                model=args.model,
+                token_env=args.token_env,
+                micro_timeout=args.micro_timeout,
+                max_streams=args.max_streams,
+            )
         )
     if args.cmd == "status":
         from pulsegate.status import run_status

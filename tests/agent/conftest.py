@@ -12,14 +12,17 @@ from support import Proc
 
 @pytest.fixture
 def start_agent(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
-    """`start_agent(engine_url, *extra_args, listen=...)` -> a running agent process."""
+    """`start_agent(engine_url, *extra_args, listen=..., env=...)` -> a running agent process."""
     started: list[Proc] = []
 
-    def start(engine: str, *extra: str, listen: str = "127.0.0.1:0") -> Proc:
+    def start(
+        engine: str, *extra: str, listen: str = "127.0.0.1:0", env: dict[str, str] | None = None
+    ) -> Proc:
         n = len(started)
         proc = Proc(
             ["agent", "--engine", engine, "--listen", listen, *extra],
             tmp_path / f"agent-{n}.log",
+            env=env,
         )
         started.append(proc)
         return proc

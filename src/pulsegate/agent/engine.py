@@ -95,6 +95,7 @@ class EngineWatcher:
         refresh: float = 0.15,
         clock: Clock,
         session: aiohttp.ClientSession,
+        micro_session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.engine_url = engine_url.rstrip("/")
         self._gpu = gpu
@@ -103,7 +104,11 @@ class EngineWatcher:
         self._api = Api.COMPLETIONS
         self._refresh = refresh
         self._clock = clock
+        # `session` reads /health, /metrics and DCGM; `micro_session` (its own pool when
+        # given) carries micro-inferences, so a slow engine answering them never holds up
+        # the readiness and facts refresh.
         self._session = session
+        self._micro_session = micro_session if micro_session is not None else session
         self._nvml: Nvml | None = None
         self._gpu_note = ""
         self._reader = EngineMetricsReader(gpu=False)
@@ -280,7 +285,7 @@ class EngineWatcher:
             return MicroOutcome(False, None, f"timeout after {timeout_s:.3g}s (listing models)")
         inf = await probe_inference(
             ProbeKind.MICRO,
-            self._session,
+            self._micro_session,
             self.engine_url,
             {PROBE_HEADER: "micro"},
             lambda api: micro_body(model, api),
@@ -301,7 +306,7 @@ class EngineWatcher:
             return self._model
         try:
             reply = await fetch(
-                self._session,
+                self._micro_session,
                 "GET",
                 self.engine_url + "/v1/models",
                 headers={PROBE_HEADER: "micro"},

@@ -56,6 +56,12 @@ def _literal(name: bytes, value: bytes) -> bytes:
     return b"\x00" + _hpack_string(name) + _hpack_string(value)
 
 
+def _never_indexed(name: bytes, value: bytes) -> bytes:
+    """HPACK 'literal header field never indexed' (RFC 7541 6.2.3): for secrets, which no
+    intermediary may put in a compression table."""
+    return b"\x10" + _hpack_string(name) + _hpack_string(value)
+
+
 def _hpack_string(s: bytes) -> bytes:
     n = len(s)
     if n < 127:
@@ -69,8 +75,10 @@ def _hpack_string(s: bytes) -> bytes:
     return bytes(out) + s
 
 
-def request_headers(authority: str, path: str) -> bytes:
-    """The header block of a gRPC call: POST, http, path, authority, grpc content type."""
+def request_headers(authority: str, path: str, metadata: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """The header block of a gRPC call: POST, http, path, authority, grpc content type, then
+    `metadata` (lower-case ASCII names; sent never-indexed, since it may carry a token)."""
+    extra = b"".join(_never_indexed(k.encode(), v.encode()) for k, v in metadata)
     return (
         b"\x83"  # :method POST (static table index 3)
         + b"\x86"  # :scheme http (index 6)
@@ -79,6 +87,7 @@ def request_headers(authority: str, path: str) -> bytes:
         + _literal(b"content-type", b"application/grpc")
         + _literal(b"te", b"trailers")
         + _literal(b"user-agent", b"pulsegate-heartbeat/0.1")
+        + extra
     )
 
 
@@ -103,9 +112,11 @@ class GrpcStream(asyncio.Protocol):
         path: str,
         on_message: Callable[[bytes], None],
         on_closed: Callable[[GrpcStream], None] | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self._authority = authority
         self._path = path
+        self._metadata = metadata
         self._on_message = on_message
         self._on_closed = on_closed
         self._transport: asyncio.Transport | None = None
@@ -128,11 +139,12 @@ class GrpcStream(asyncio.Protocol):
         settings = struct.pack(
             ">HIHI", SETTINGS_ENABLE_PUSH, 0, SETTINGS_INITIAL_WINDOW_SIZE, _MAX_WINDOW
         )
+        headers = request_headers(self._authority, self._path, self._metadata)
         transport.write(
             PREFACE
             + frame(SETTINGS, 0, 0, settings)
             + frame(WINDOW_UPDATE, 0, 0, (_MAX_WINDOW - _DEFAULT_WINDOW).to_bytes(4))
-            + frame(HEADERS, END_HEADERS, STREAM_ID, request_headers(self._authority, self._path))
+            + frame(HEADERS, END_HEADERS, STREAM_ID, headers)
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -272,14 +284,15 @@ async def open_stream(
     on_closed: Callable[[GrpcStream], None] | None = None,
     *,
     connect_timeout: float,
+    metadata: tuple[tuple[str, str], ...] = (),
 ) -> GrpcStream:
-    """Connect (within `connect_timeout` s) and start the call; raises OSError or
-    TimeoutError."""
+    """Connect (within `connect_timeout` s) and start the call with `metadata` (e.g. the
+    agent token); raises OSError or TimeoutError."""
     loop = asyncio.get_running_loop()
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     async with asyncio.timeout(connect_timeout):
         _, proto = await loop.create_connection(
-            lambda: GrpcStream(authority, path, on_message, on_closed), host, port
+            lambda: GrpcStream(authority, path, on_message, on_closed, metadata), host, port
         )
     return proto
 

@@ -1,11 +1,23 @@
 """The node agent: a grpc.aio server for the heartbeat stream beside one engine (R1-R4, R27).
 
-`pulsegate agent --engine URL --listen HOST:PORT [--gpu ...] [--model M]` runs `run_agent`.
-Per stream, the agent reads pings and answers each at once from the `EngineWatcher`'s
-snapshot (a copy of a prebuilt `Pong`, three fields set: microseconds). A MICRO_INFERENCE
-ping starts a task that runs a one-token completion on the local engine; its pong is
-written when the engine answers, while pings keep being answered. Writes on one stream are
-serialised by a lock (gRPC allows one outstanding write per call).
+`pulsegate agent --engine URL --listen HOST:PORT [--gpu ...] [--model M] [--token-env VAR]`
+runs `run_agent`. Per stream, the agent reads pings and answers each at once from the
+`EngineWatcher`'s snapshot (a copy of a prebuilt `Pong`, three fields set: microseconds). A
+MICRO_INFERENCE ping starts a task that runs a one-token completion on the local engine; its
+pong is written when the engine answers, while pings keep being answered. Writes on one
+stream are serialised by a lock (gRPC allows one outstanding write per call).
+
+The door (what a stranger who can reach the port gets):
+- with a token (`--token-env VAR`), a heartbeat stream whose metadata lacks
+  ``authorization: Bearer <token>`` (compared in constant time) is refused UNAUTHENTICATED
+  before anything is read or sent; the token is never logged nor shown in a repr;
+- at most `max_streams` heartbeat streams at once (16: a gateway keeps one, replicas and
+  a restart overlap a few); one more is refused RESOURCE_EXHAUSTED;
+- at most one micro-inference in flight per stream: another while one runs is answered at
+  once as busy (no queue, so a flood costs one pong each, not a task each), and its
+  timeout is the caller's ``timeout_ms`` clipped to the agent's `micro_timeout` (2 s).
+The standard health service stays open (it says SERVING or NOT_SERVING, no facts), so
+``grpc_health_probe`` and Kubernetes probes need no token.
 
 The standard ``grpc.health.v1.Health`` service (from grpcio-health-checking) reports ``""``
 and ``pulsegate.agent.v1.Heartbeat`` SERVING while the agent runs, and ``engine`` SERVING
@@ -18,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import os
 import signal
 import sys
 import time
@@ -39,20 +53,49 @@ log = logging.getLogger("pulsegate.agent")
 
 ENGINE_HEALTH_SERVICE = "engine"
 DEFAULT_MICRO_TIMEOUT_S = 2.0
+DEFAULT_MAX_STREAMS = 16
+TOKEN_METADATA = "authorization"
 _SHUTDOWN_GRACE_S = 0.5
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class HeartbeatService(pb_grpc.HeartbeatServicer):
-    """Answers pings from the watcher's snapshot; runs micro-inferences in tasks."""
+    """Answers pings from the watcher's snapshot; runs micro-inferences in tasks, one at a
+    time per stream. `token` (None: no check) is what each stream must present."""
 
-    def __init__(self, watcher: EngineWatcher, clock_s: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        watcher: EngineWatcher,
+        clock_s: Callable[[], float],
+        *,
+        token: str | None = None,
+        micro_timeout: float = DEFAULT_MICRO_TIMEOUT_S,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+    ) -> None:
         self._watcher = watcher
         self._clock = clock_s
+        self._expected = f"Bearer {token}".encode() if token else None
+        self._micro_timeout = micro_timeout
+        self._max_streams = max_streams
+        self._streams = 0
         self._template = pb.Pong()
         self._template_version = -1
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:  # never the token
+        return f"HeartbeatService(token={'set' if self._expected else 'none'})"
+
+    def _authorised(self, context: grpc.aio.ServicerContext) -> bool:
+        if self._expected is None:
+            return True
+        presented = b""
+        for key, value in context.invocation_metadata() or ():
+            if key == TOKEN_METADATA:
+                presented = value.encode() if isinstance(value, str) else bytes(value)
+                break
+        # Constant time: how much of a guess matched must not show in the answer's timing.
+        return hmac.compare_digest(presented, self._expected)
 
     def _pong(self, ping: pb.Ping, snap: Snapshot) -> pb.Pong:
         if snap.version != self._template_version:
@@ -75,9 +118,29 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
         return pong
 
     async def Stream(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        peer = context.peer()
+        if not self._authorised(context):
+            log.warning("agent: refused a heartbeat stream from %s: missing or wrong token", peer)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong agent token")
+        if self._streams >= self._max_streams:
+            log.warning(
+                "agent: refused a heartbeat stream from %s: %d streams open already",
+                peer,
+                self._streams,
+            )
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {self._max_streams} heartbeat streams at once",
+            )
+        self._streams += 1
+        try:
+            await self._serve_stream(context, peer)
+        finally:
+            self._streams -= 1
+
+    async def _serve_stream(self, context: grpc.aio.ServicerContext, peer: str) -> None:
         lock = asyncio.Lock()
         mine: set[asyncio.Task[None]] = set()
-        peer = context.peer()
         log.info("agent: heartbeat stream opened by %s", peer)
         try:
             while True:
@@ -86,6 +149,14 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
                     break
                 t0 = time.perf_counter_ns()
                 if ping.kind == pb.Ping.MICRO_INFERENCE:
+                    if mine:  # one in flight already: busy now, never queued
+                        pong = self._pong(ping, self._watcher.snapshot)
+                        pong.ok, pong.busy = False, True
+                        pong.error = "a micro-inference is already running on this stream"
+                        pong.agent_processing_ns = time.perf_counter_ns() - t0
+                        async with lock:
+                            await context.write(pong)
+                        continue
                     task = asyncio.create_task(self._micro(ping, context, lock))
                     mine.add(task)
                     self._tasks.add(task)
@@ -105,7 +176,9 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
         self, ping: pb.Ping, context: grpc.aio.ServicerContext, lock: asyncio.Lock
     ) -> None:
         t0 = time.perf_counter_ns()
-        timeout = ping.timeout_ms / 1e3 if ping.timeout_ms else DEFAULT_MICRO_TIMEOUT_S
+        # The caller's timeout, never beyond ours: the engine's time is the node's to guard.
+        asked = ping.timeout_ms / 1e3 if ping.timeout_ms else self._micro_timeout
+        timeout = min(asked, self._micro_timeout)
         try:
             out = await self._watcher.micro(timeout)
         except Exception as e:  # our bug, not the engine's: say so rather than go silent
@@ -137,21 +210,38 @@ class Agent:
         model: str | None = None,
         *,
         refresh: float = 0.15,
+        token: str | None = None,
+        micro_timeout: float = DEFAULT_MICRO_TIMEOUT_S,
+        max_streams: int = DEFAULT_MAX_STREAMS,
     ) -> None:
         if not engine.startswith(("http://", "https://")):
             raise ValueError(f"--engine must start with http:// or https://: {engine!r}")
+        if not 0 < micro_timeout <= 60:
+            raise ValueError(f"--micro-timeout must be in (0, 60] seconds, got {micro_timeout}")
+        if not 1 <= max_streams <= 1024:
+            raise ValueError(f"--max-streams must be 1-1024, got {max_streams}")
+        if token is not None and not token:
+            raise ValueError("the agent token is empty")
         self.engine = engine.rstrip("/").removesuffix("/v1")
         self.listen = listen
         self.gpu = gpu if isinstance(gpu, GpuChoice) else parse_gpu_option(gpu)
         self.model = model
         self.refresh = refresh
+        self.micro_timeout = micro_timeout
+        self.max_streams = max_streams
+        self._token = token
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._health: HealthServicer | None = None
         self._watcher: EngineWatcher | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._micro_session: aiohttp.ClientSession | None = None
         self._clock: SystemClock | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:  # never the token
+        token = "set" if self._token else "none"
+        return f"Agent(engine={self.engine!r}, listen={self.listen!r}, token={token})"
 
     @property
     def host(self) -> str:
@@ -164,7 +254,10 @@ class Agent:
 
     async def start(self) -> int:
         """Take a first snapshot, bind, serve; returns the bound port."""
+        # Two pools: /health and /metrics never wait for a connection behind micro-inferences
+        # (up to one per stream, 16 streams, against 4 connections per pool).
         session = self._session = new_probe_session()
+        micro_session = self._micro_session = new_probe_session()
         # The agent's own clock: its micro-inference deadlines count only time its loop ran.
         self._clock = SystemClock(asyncio.get_running_loop())
         self._watcher = EngineWatcher(
@@ -174,6 +267,7 @@ class Agent:
             refresh=self.refresh,
             clock=self._clock,
             session=session,
+            micro_session=micro_session,
         )
         self._health = HealthServicer()
         self._watcher.on_change(self._engine_changed)
@@ -181,6 +275,7 @@ class Agent:
             await self._watcher.start()
         except BaseException:
             await session.close()
+            await micro_session.close()
             raise
         server = grpc.aio.server(
             options=[
@@ -191,7 +286,14 @@ class Agent:
                 ("grpc.keepalive_permit_without_calls", 1),
             ]
         )
-        add_heartbeat_service(HeartbeatService(self._watcher, self._clock.now), server)
+        service = HeartbeatService(
+            self._watcher,
+            self._clock.now,
+            token=self._token,
+            micro_timeout=self.micro_timeout,
+            max_streams=self.max_streams,
+        )
+        add_heartbeat_service(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         try:
             port: int = server.add_insecure_port(self.listen)
@@ -237,19 +339,46 @@ class Agent:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._micro_session is not None:
+            await self._micro_session.close()
+            self._micro_session = None
         if self._clock is not None:
             self._clock.close()
             self._clock = None
 
 
-def run_agent(engine: str, listen: str, gpu: str = "auto", model: str | None = None) -> int:
+def run_agent(
+    engine: str,
+    listen: str,
+    gpu: str = "auto",
+    model: str | None = None,
+    *,
+    token_env: str | None = None,
+    micro_timeout: float = DEFAULT_MICRO_TIMEOUT_S,
+    max_streams: int = DEFAULT_MAX_STREAMS,
+) -> int:
     """Serve until SIGINT or SIGTERM; prints ``agent listening on HOST:PORT`` once serving.
-    Exit status 0 after a clean stop, 2 for bad options, 1 when it cannot start."""
+    Exit status 0 after a clean stop, 2 for bad options, 1 when it cannot start.
+    `token_env` names the environment variable holding the shared token (read once here)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    token = None
+    if token_env is not None:
+        token = os.environ.get(token_env)
+        if not token:
+            print(f"error: --token-env {token_env}: that variable is not set", file=sys.stderr)
+            return 2
     try:
-        agent = Agent(engine, listen, gpu, model)
+        agent = Agent(
+            engine,
+            listen,
+            gpu,
+            model,
+            token=token,
+            micro_timeout=micro_timeout,
+            max_streams=max_streams,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -131,6 +131,9 @@ def _backend(r: _Reader) -> BackendConfig:
             _hostport(agent)
         except ValueError as e:
             r.error(r.key("agent"), str(e))
+    agent_token_env = r.get("agent_token_env", d.agent_token_env, _env_name)
+    if agent_token_env is not None and agent is None:
+        r.error(r.key("agent_token_env"), "needs an agent (this backend has no `agent` key)")
     b = BackendConfig(
         name=name,
         url=url,
@@ -139,6 +142,7 @@ def _backend(r: _Reader) -> BackendConfig:
         region=r.get("region", d.region, _str),
         weight=r.get("weight", d.weight, _num(0.0, 1000.0)),
         agent=agent,
+        agent_token_env=agent_token_env,
         metrics_path=r.get("metrics_path", d.metrics_path, _path),
         api_key_env=r.get("api_key_env", d.api_key_env, _env_name),
         max_inflight=r.get("max_inflight", d.max_inflight, _limit),

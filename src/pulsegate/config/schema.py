@@ -22,6 +22,8 @@ class BackendConfig:
     region: str = ""
     weight: float = 1.0
     agent: str | None = None
+    # Environment variable holding the agent's shared token (`pulsegate agent --token-env`).
+    agent_token_env: str | None = None
     metrics_path: str | None = None
     api_key_env: str | None = None
     # Most concurrent client requests the gateway sends this backend (0: no limit;

@@ -182,9 +182,15 @@ class HealthService:
 
     def _start_heartbeat(self, name: str, agent: str, tasks: TaskSet) -> None:
         # Imported only when a backend has an agent: grpcio costs ~10 MB of RSS.
+        import os
+
         from pulsegate.probers.heartbeat import HeartbeatClient
 
         p = self.config.probes
+        token_env = next((b.agent_token_env for b in self.config.backends if b.name == name), None)
+        token = os.environ.get(token_env) if token_env else None
+        if token_env and not token:  # the stream will be refused: say why, once, by name
+            log.warning("backend %s: environment variable %s is not set", name, token_env)
         hb = HeartbeatClient(
             name,
             agent,
@@ -193,6 +199,7 @@ class HealthService:
             emit=self.report,
             rng=self.rng,
             clock=self.clock,
+            token=token,
         )
         self.heartbeats[name] = hb
         tasks.spawn(hb.run(), f"heartbeat-{name}")
@@ -231,7 +238,12 @@ class HealthService:
                 cfg.probes.micro_inference,
             )
             for name, hb in list(self.heartbeats.items()):
-                if agents.get(name) != hb.target or name in change.restarted or probes_changed:
+                if (
+                    agents.get(name) != hb.target
+                    or name in change.restarted
+                    or probes_changed
+                    or _token_env(old, name) != _token_env(cfg, name)
+                ):
                     del self.heartbeats[name]
                     tasks.spawn(hb.close(), f"heartbeat-close-{name}")
             for name, agent in agents.items():
@@ -290,3 +302,11 @@ class HealthService:
 
     def names(self) -> Iterable[str]:
         return self.fleet.names()
+
+
+def _token_env(cfg: Config, name: str) -> str | None:
+    """Backend `name`'s `agent_token_env` in `cfg` (a change restarts its heartbeat client)."""
+    for b in cfg.backends:
+        if b.name == name:
+            return b.agent_token_env
+    return None

@@ -90,6 +90,8 @@ CONNECT_TIMEOUT_S = 1.0
 class HeartbeatClient:
     """Pings one agent over one long-lived stream and emits what it learns.
 
+    `token`, when given, is presented on every stream (``authorization: Bearer ...``); an
+    agent that refuses it ends each stream at once, which reads as misses.
     `run()` returns only after `close()`; it never raises for anything the agent or the
     network does. `clock` is the one time source: it stamps pings and pongs and times the
     cadence, the deadlines and the backoff. `rng` draws the micro-inference jitter and the
@@ -107,8 +109,14 @@ class HeartbeatClient:
         *,
         clock: Clock,
         stale_after: float | None = None,
+        token: str | None = None,
     ) -> None:
         self.name = name
+        # The agent's shared token (`agent_token_env`), sent as metadata on every stream;
+        # kept out of reprs and logs.
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
         self.target = target
         self._host, self._port = split_target(target)
         self.cfg = cfg
@@ -137,6 +145,10 @@ class HeartbeatClient:
         self._closing = False
         self._stop: asyncio.Future[None] | None = None
         self._done: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:  # never the token
+        token = "set" if self._metadata else "none"
+        return f"HeartbeatClient({self.name!r}, {self.target!r}, token={token})"
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -174,6 +186,7 @@ class HeartbeatClient:
                     self._on_message,
                     self._on_closed,
                     connect_timeout=CONNECT_TIMEOUT_S,
+                    metadata=self._metadata,
                 )
             except (OSError, TimeoutError) as e:
                 if attempt == 0:
