@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import os
 import signal
 import socket
+import struct
 from pathlib import Path
 
 from pulsegate.control.service import HealthService
@@ -100,6 +102,53 @@ async def warm(health: HealthService) -> int:
     finally:
         health.on_transitions.remove(on_transitions)
     return cold()
+
+
+SO_ATTACH_REUSEPORT_CBPF = 51  # <asm-generic/socket.h>
+# After steering, the old process's loop accepts what its listener had queued: a loaded
+# loop turn is well under this.
+STEERED_S = 0.1
+_BPF_RET_K = 0x06  # BPF_RET | BPF_K: "select the socket at index k"
+
+
+def steer_to_self(sock: socket.socket, port: int) -> bool:
+    """Make the kernel give every new connection on `port` to `sock` (the newest listener
+    of the SO_REUSEPORT group) before the old gateway closes its own listener.
+
+    When a listener of the group closes, Linux resets the connections queued on it that
+    its process had not accepted yet (unless `net.ipv4.tcp_migrate_req=1`): under load a
+    replacement lost one request that way. A classic BPF program on the group (one
+    instruction: return our index; the group's sockets are indexed in the order they began
+    to listen, ours last) sends nothing more to the old listener, which accepts what it has
+    and closes with an empty queue. Once it has closed, our index is past the end and the
+    kernel falls back to its usual hash. False: not steered (not Linux, or the count of
+    listeners is not what we expect); the replacement goes on with the kernel's window."""
+    listeners = _listeners(port)
+    if listeners < 2:
+        return False
+    insn = struct.pack("HBBI", _BPF_RET_K, 0, 0, listeners - 1)
+    buf = ctypes.create_string_buffer(insn, len(insn))
+    prog = struct.pack("HP", 1, ctypes.addressof(buf))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, prog)
+    except OSError:
+        return False
+    return True
+
+
+def _listeners(port: int) -> int:
+    """TCP sockets listening on `port` (IPv4 and IPv6), from /proc/net/tcp*."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 3 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                n += 1
+    return n
 
 
 def retire(pid: int) -> None:

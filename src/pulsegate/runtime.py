@@ -157,3 +157,7 @@ async def _linger(runner: web.AppRunner, seconds: float) -> None:
         if server is None or not server.connections:
             return
         await asyncio.sleep(LINGER_POLL_S)
+    if server is not None and server.connections:
+        log.info(
+            "closing %d client connection(s) still open after the drain", len(server.connections)
+        )

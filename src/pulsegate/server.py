@@ -55,6 +55,13 @@ async def run_gateway(
     port = runtime.bound_port(site, cfg.gateway.port)
     print(f"pulsegate listening on http://{cfg.gateway.host}:{port}", flush=True)
     if replace_pid is not None:
+        sockets = getattr(site._server, "sockets", None) or []
+        if sockets and replace.steer_to_self(sockets[0], port):
+            # What the old listener queued before the steering is accepted by the old
+            # process within a loop turn; give it that before it closes the listener.
+            await asyncio.sleep(replace.STEERED_S)
+        else:
+            log.info("replacing pid %d: new connections not steered (kernel hash)", replace_pid)
         replace.retire(replace_pid)
     stop = asyncio.Event()
     runtime.stop_on_signals(stop)

@@ -30,6 +30,7 @@ class Load:
         self.url = url
         self.ok = 0
         self.streams = 0
+        self.retried: list[str] = []  # a reused connection closed before any byte came back
         self.failures: list[str] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(clients)]
@@ -58,6 +59,15 @@ class Load:
                 }
                 try:
                     self._one(client, body, stream)
+                except httpx.RemoteProtocolError as e:
+                    # HTTP/1.1's keep-alive race (RFC 9112 9.3.1): the server closed a
+                    # connection the client was sending on, nothing of an answer came back;
+                    # clients retry it on a new connection (the openai SDK does by itself).
+                    self.retried.append(f"{e} ({'stream' if stream else 'plain'})")
+                    try:
+                        self._one(client, body, stream)
+                    except httpx.HTTPError as e2:
+                        self.failures.append(f"{type(e2).__name__} on the retry: {e2}")
                 except httpx.HTTPError as e:
                     self.failures.append(f"{type(e).__name__}: {e}")
 
@@ -133,7 +143,7 @@ def test_reload_adds_removes_changes_and_refuses_under_streaming_load(
         assert any("backends[0].url" in e for e in bad.json()["errors"]), bad.text
         assert set(gw.backends()) == {"b", "c"}
         wait_until(lambda: load.ok >= 60, what="load after the refused reload")
-    assert load.failures == []
+    assert load.failures == [] and load.retried == []  # a reload never closes a connection
     assert load.streams > 10
     reloads = [e for e in gw.events() if e["backend"] == "config"]
     assert [e["to"] for e in reloads] == ["reloaded", "reloaded", "reloaded", "refused"]
@@ -244,6 +254,7 @@ def test_replacement_under_load_loses_nothing(
         wait_until(lambda: load.ok >= served_before + 20, what="load on the new gateway")
     assert old.popen.returncode == 0
     assert load.failures == []
+    assert len(load.retried) <= 1, load.retried  # see Load: at most the one race, retried
     assert load.streams > 5
 
 
@@ -335,6 +346,7 @@ def test_replacement_of_a_multi_worker_gateway(
     new_workers = {w["pid"] for w in httpx.get(f"{new.url}/admin/workers").json()["workers"]}
     assert len(new_workers) == 2 and not new_workers & old_workers
     assert load.failures == []
+    assert len(load.retried) <= 1, load.retried
 
 
 def test_the_systemd_unit_reloads_with_sighup_and_upgrades_with_replace() -> None:
