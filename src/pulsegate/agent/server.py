@@ -141,6 +141,10 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
     async def _serve_stream(self, context: grpc.aio.ServicerContext, peer: str) -> None:
         lock = asyncio.Lock()
         mine: set[asyncio.Task[None]] = set()
+        # One micro-inference in flight on this stream: set when it starts, cleared by it just
+        # before its pong goes out (a task's done callback runs later than the pong arrives,
+        # and a caller that answers at once must not find the stream still busy).
+        running = [False]
         log.info("agent: heartbeat stream opened by %s", peer)
         try:
             while True:
@@ -149,7 +153,7 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
                     break
                 t0 = time.perf_counter_ns()
                 if ping.kind == pb.Ping.MICRO_INFERENCE:
-                    if mine:  # one in flight already: busy now, never queued
+                    if running[0]:  # one in flight already: busy now, never queued
                         pong = self._pong(ping, self._watcher.snapshot)
                         pong.ok, pong.busy = False, True
                         pong.error = "a micro-inference is already running on this stream"
@@ -157,7 +161,8 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
                         async with lock:
                             await context.write(pong)
                         continue
-                    task = asyncio.create_task(self._micro(ping, context, lock))
+                    running[0] = True
+                    task = asyncio.create_task(self._micro(ping, context, lock, running))
                     mine.add(task)
                     self._tasks.add(task)
                     task.add_done_callback(mine.discard)
@@ -173,7 +178,11 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
             log.info("agent: heartbeat stream from %s closed", peer)
 
     async def _micro(
-        self, ping: pb.Ping, context: grpc.aio.ServicerContext, lock: asyncio.Lock
+        self,
+        ping: pb.Ping,
+        context: grpc.aio.ServicerContext,
+        lock: asyncio.Lock,
+        running: list[bool],
     ) -> None:
         t0 = time.perf_counter_ns()
         # The caller's timeout, never beyond ours: the engine's time is the node's to guard.
@@ -191,6 +200,7 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
         if out.latency_s is not None:
             pong.latency_ms = out.latency_s * 1e3
         pong.agent_processing_ns = time.perf_counter_ns() - t0
+        running[0] = False
         try:
             async with lock:
                 await context.write(pong)
