@@ -46,9 +46,10 @@ async def ping(call: Stream, seq: int, **kw: Any) -> Any:
 
 
 async def refused_with(call: Stream) -> grpc.StatusCode:
-    """Ping once and read: the call must end with an error and no pong."""
+    """Read: the call must end with an error and no pong. Nothing is written first: the agent
+    refuses the stream as it opens, and a write racing with that refusal is reported by
+    grpcio as INTERNAL (the stream reset), not with the agent's own status."""
     try:
-        await ping(call, 1)
         got = await asyncio.wait_for(call.read(), timeout=3.0)
     except grpc.aio.AioRpcError as e:
         code: grpc.StatusCode = e.code()
