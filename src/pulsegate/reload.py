@@ -95,7 +95,6 @@ class Reloader:
         self._current = current
         self._apply = apply
         self._health = health
-        self.reloads = 0  # applied since start
         self._scheduled = False
         self.counter = health.metrics.reloads
 
@@ -114,7 +113,6 @@ class Reloader:
         except ValueError as e:
             return self._refused((str(e),))
         pause = time.perf_counter() - t0
-        self.reloads += 1
         out = ReloadOutcome(True, (), change.added, change.removed, change.restarted, kept, pause)
         self.counter.inc(("ok",))
         words = [f"config reloaded from {self.path}"]
