@@ -7,6 +7,8 @@ request headers or secrets.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import orjson
 from aiohttp import web
 
@@ -34,7 +36,7 @@ def error_response(
     status: int,
     message: str,
     code: str,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> web.Response:
     return web.Response(
         status=status,

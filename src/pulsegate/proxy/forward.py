@@ -9,9 +9,12 @@ body chunk (then `relay.py` owns it). Never the same backend twice for one reque
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import time
 from collections.abc import Mapping, Sequence
 
+import orjson
 from aiohttp import web
 
 from pulsegate.clock import Clock
@@ -20,10 +23,12 @@ from pulsegate.health.observations import Outcome
 from pulsegate.proxy.attempt import AttemptOpener, Failure
 from pulsegate.proxy.budget import RetryBudget
 from pulsegate.proxy.errors import error_response
+from pulsegate.proxy.exchange import CLIENT_CLOSED, Door, Exchange, Recorder
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.ports import Outcomes, Router, Verdicts
 from pulsegate.proxy.relay import Relay, StreamSettings
 from pulsegate.proxy.request import (
+    API,
     Limits,
     ProxyRequest,
     Rejection,
@@ -53,8 +58,14 @@ class Forwarder:
         metrics: ProxyMetrics,
         clock: Clock,
         budget: RetryBudget,
+        door: Door | None = None,
+        recorders: Sequence[Recorder] = (),
     ) -> None:
         self.targets = targets
+        self.door = door
+        self.recorders = tuple(recorders)
+        # Someone reads the answer's token counts: a non-streamed answer's `usage` is parsed.
+        self.wants_usage = door is not None or bool(self.recorders)
         self.state = state
         self.router = router
         self.verdicts = verdicts
@@ -89,22 +100,54 @@ class Forwarder:
         self.outcomes = outcomes
 
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        clock = self.clock
+        headers = request.headers
+        ex = Exchange(clock.now(), time.time(), path, API.get(path, path))
+        ex.traceparent = headers.get("traceparent")
+        try:
+            resp = await self._handle(request, path, ex)
+            ex.status = resp.status
+            return resp
+        except asyncio.CancelledError:
+            ex.status = CLIENT_CLOSED
+            raise
+        finally:
+            ex.end = clock.now()
+            if ex.ticket is not None and self.door is not None:
+                self.door.settle(ex, ex.end)
+            for r in self.recorders:
+                r.record(ex)
+
+    async def _handle(self, request: web.Request, path: str, ex: Exchange) -> web.StreamResponse:
+        door = self.door
+        if door is not None:
+            refused = door.identify(request.headers, ex)
+            if refused is not None:
+                return _rejected(refused, ex)
         max_body = self.limits.max_body
         cl = request.content_length
         if cl is not None and cl > max_body:
-            return _rejected(too_large(max_body))
+            return _rejected(too_large(max_body), ex)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _rejected(too_large(max_body))
+            return _rejected(too_large(max_body), ex)
         req = parse(path, body, request.headers.get("x-session-id"), self.limits)
         if isinstance(req, Rejection):
-            return _rejected(req)
-        return await self.route(request, req)
+            return _rejected(req, ex)
+        ex.model = req.model
+        ex.stream = req.stream
+        if door is not None:
+            refused = door.admit(req, ex, self.clock.now())
+            if refused is not None:
+                return _rejected(refused, ex)
+        return await self.route(request, req, ex)
 
     # -- routing and retries --------------------------------------------------------------
 
-    async def route(self, request: web.Request, req: ProxyRequest) -> web.StreamResponse:
+    async def route(
+        self, request: web.Request, req: ProxyRequest, ex: Exchange
+    ) -> web.StreamResponse:
         """Try backends until one answers; never one in `req.avoid` (it cannot serve this
         request: `n` beyond its `max_n`)."""
         now = self.clock.now
@@ -112,12 +155,13 @@ class Forwarder:
         self.budget.deposit(start)
         model = req.model
         if not self.verdicts.serves(model):
+            ex.error = "model_not_found"
             return error_response(
                 404, f"model '{model}' is not served by any backend", "model_not_found"
             )
         state, router, metrics = self.state, self.router, self.metrics
         avoid = req.avoid
-        tried: list[str] = []
+        tried = ex.backends
         last: Failure | None = None
         while len(tried) < self.max_attempts:
             # Requests already queued for this model go first: a newcomer queues behind them.
@@ -133,6 +177,7 @@ class Forwarder:
                     model, req.session_key, self.queue_timeout, skip
                 )
                 if verdict is None:
+                    ex.error = "overloaded"
                     return _overloaded(model)
             if verdict is None:
                 break
@@ -142,41 +187,56 @@ class Forwarder:
                     break
                 metrics.retries.inc((last.outcome.value if last else "unknown",))
             tried.append(verdict.name)
-            result = await self._attempt(request, self.targets[verdict.name], req, tried)
+            result = await self._attempt(request, self.targets[verdict.name], req, ex)
             if not isinstance(result, Failure):
                 metrics.request_seconds.observe(now() - start)
                 return result
             last = result
             metrics.requests.inc((verdict.name, model, str(result.status or result.outcome.value)))
             if result.response is not None:  # the request's own fault: no retry
+                ex.error = "upstream_client_error"
                 return result.response
         metrics.request_seconds.observe(now() - start)
-        return _final_error(model, tried, last)
+        final = _final_error(model, tried, last)
+        ex.error = final[1]
+        return final[0]
 
     async def _attempt(
-        self, request: web.Request, target: Target, req: ProxyRequest, tried: list[str]
+        self, request: web.Request, target: Target, req: ProxyRequest, ex: Exchange
     ) -> web.StreamResponse | Failure:
         state = self.state
         name = target.name
+        tried = ex.backends
+        now = self.clock.now
         state.acquire(name)
         handed_off = False
+        at = ex.attempt(name, now())
         try:
             opened = await self.opener.open(target, req.path, req.body, req.stream, req.deadline)
             if isinstance(opened, Failure):
+                at.end = now()
+                at.status = opened.status
+                at.outcome = opened.outcome.value
                 return opened
-            headers = _response_headers(opened.resp, name, len(tried))
             status = opened.resp.status
+            at.status = status
+            at.outcome = "ok"
+            ex.ttft = now() - ex.start
+            headers = _response_headers(opened.resp, name, len(tried), ex.reply_headers)
             if not req.stream:
+                at.end = now()
                 data = opened.first
                 if req.stops and status == 200:
                     data = cut_answer(data, req.stops)
+                if self.wants_usage:
+                    _usage(data, ex)
                 self.metrics.requests.inc((name, req.model, str(status)))
                 return web.Response(status=status, body=data, headers=headers)
             handed_off = True
             relay = Relay(
                 request,
                 req,
-                tried,
+                ex,
                 self.streaming,
                 state,
                 self.opener,
@@ -203,18 +263,42 @@ def retry_budget(cfg: Config, now: float) -> RetryBudget:
     return RetryBudget(cfg.retry.budget_ratio, cfg.retry.budget_min_per_s, now)
 
 
-def _response_headers(resp: UpstreamResponse, name: str, attempts: int) -> dict[str, str]:
+def _response_headers(
+    resp: UpstreamResponse, name: str, attempts: int, extra: Mapping[str, str] | None
+) -> dict[str, str]:
     h = {"x-pulsegate-backend": name, "x-pulsegate-attempts": str(attempts)}
     rh = resp.headers
     for k in _PASS_HEADERS:
         v = rh.get(k)
         if v is not None:
             h[k] = v
+    if extra:
+        h.update(extra)
     return h
 
 
-def _rejected(r: Rejection) -> web.Response:
-    return error_response(r.status, r.message, r.code)
+def _usage(data: bytes, ex: Exchange) -> None:
+    """The token counts of a non-streamed answer's `usage`, when it has one."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    if isinstance(usage, dict):
+        record_usage(usage, ex)
+
+
+def record_usage(usage: dict[str, object], ex: Exchange) -> None:
+    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(p, int):
+        ex.tokens_in = p
+    if isinstance(c, int):
+        ex.tokens_out = c
+
+
+def _rejected(r: Rejection, ex: Exchange) -> web.Response:
+    ex.error = r.code
+    return error_response(r.status, r.message, r.code, r.headers)
 
 
 def _overloaded(model: str) -> web.Response:
@@ -226,21 +310,18 @@ def _overloaded(model: str) -> web.Response:
     )
 
 
-def _final_error(model: str, tried: list[str], last: Failure | None) -> web.Response:
+def _final_error(model: str, tried: list[str], last: Failure | None) -> tuple[web.Response, str]:
+    """The answer when no attempt succeeded, and its error code."""
     headers = {"x-pulsegate-attempts": str(len(tried)), "retry-after": "1"}
     if last is None:
-        return error_response(
-            503, f"no healthy backend for model '{model}'", "no_healthy_backend", headers
-        )
+        code = "no_healthy_backend"
+        return error_response(503, f"no healthy backend for model '{model}'", code, headers), code
     if last.outcome is Outcome.OVERLOADED:
         headers["retry-after"] = last.retry_after or "1"
-        return error_response(
-            503, f"every backend for model '{model}' is overloaded", "overloaded", headers
-        )
+        code = "overloaded"
+        msg = f"every backend for model '{model}' is overloaded"
+        return error_response(503, msg, code, headers), code
     status = 504 if last.outcome is Outcome.TIMEOUT else 502
-    return error_response(
-        status,
-        f"all {len(tried)} attempt(s) for model '{model}' failed; last: {last.detail}",
-        "upstream_failed",
-        headers,
-    )
+    code = "upstream_failed"
+    msg = f"all {len(tried)} attempt(s) for model '{model}' failed; last: {last.detail}"
+    return error_response(status, msg, code, headers), code

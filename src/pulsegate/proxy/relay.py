@@ -23,6 +23,7 @@ from pulsegate.proxy.attempt import AttemptOpener, Failure, Opened
 from pulsegate.proxy.classify import describe
 from pulsegate.proxy.cuts import MALFORMED, NO_DONE, Cut, CutKind, Evidence, failed
 from pulsegate.proxy.errors import sse_error_event
+from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.ports import Outcomes
 from pulsegate.proxy.request import ProxyRequest
@@ -71,7 +72,7 @@ class Relay:
         self,
         request: web.Request,
         req: ProxyRequest,
-        tried: list[str],
+        ex: Exchange,
         settings: StreamSettings,
         state: ProxyState,
         opener: AttemptOpener,
@@ -84,7 +85,8 @@ class Relay:
         self.request = request
         self.req = req
         self.doc = req.doc
-        self.tried = tried
+        self.ex = ex
+        self.tried = ex.backends
         self.settings = settings
         self.proxy = state
         self.opener = opener
@@ -105,13 +107,29 @@ class Relay:
     async def run(self, opened: Opened, headers: dict[str, str]) -> web.StreamResponse:
         """Relay `opened` and any continuations. The caller acquired its backend; the relay
         releases every backend it used."""
-        proxy, metrics, model = self.proxy, self.metrics, self.req.model
         target, resp, first = opened.target, opened.resp, opened.first
         out = self._out = web.StreamResponse(status=resp.status, headers=headers)
         out.headers.update(_SSE_HEADERS)
-        held: str | None = target.name  # the backend acquired (in flight) right now
-        if proxy.shutting_down:
+        if self.proxy.shutting_down:
             out.force_close()  # draining: `Connection: close`, the client reconnects elsewhere
+        try:
+            await self._relay_all(out, target, resp, first)
+            return out
+        finally:
+            ex = self.ex
+            ex.resumes = self.resumes
+            if ex.tokens_out is None or ex.tokens_out < self.state.tokens:
+                ex.tokens_out = self.state.tokens
+            end = self.clock.now()
+            for a in ex.attempts:
+                if not a.end:
+                    a.end = end
+
+    async def _relay_all(
+        self, out: web.StreamResponse, target: Target, resp: UpstreamResponse, first: bytes
+    ) -> None:
+        proxy, metrics, model = self.proxy, self.metrics, self.req.model
+        held: str | None = target.name  # the backend acquired (in flight) right now
         try:
             await out.prepare(self.request)
             while True:
@@ -120,28 +138,30 @@ class Relay:
                 if cut is None:
                     metrics.requests.inc((target.name, model, str(resp.status)))
                     await out.write_eof()
-                    return out
+                    return
                 self._blame(target.name, cut)
+                broken = self.ex.attempts[-1]
+                broken.end, broken.outcome = self.clock.now(), "stream_broken"
                 metrics.requests.inc((target.name, model, "stream_broken"))
                 proxy.release(target.name)
                 held = None
                 refusal = self._refusal()
                 if refusal is not None:
                     await self._end_with_error(f"stream from {target.name} {cut}; {refusal}")
-                    return out
+                    return
                 if self._all_sent():
                     await self._finish()
-                    return out
+                    return
                 reopened = await self._reopen()
                 if not isinstance(reopened, Opened):
                     if self._all_sent():  # counted exactly on the target: nothing is missing
                         await self._finish()
-                        return out
+                        return
                     why = reopened.detail if reopened is not None else "no healthy backend left"
                     await self._end_with_error(
                         f"stream from {target.name} {cut}; resume failed: {why}"
                     )
-                    return out
+                    return
                 target, resp, first = reopened.target, reopened.resp, reopened.first
                 held = target.name
                 self.resumes += 1
@@ -173,6 +193,7 @@ class Relay:
             if target is None:
                 break
             self.tried.append(target.name)
+            at = self.ex.attempt(target.name, self.clock.now(), resume=True)
             proxy.acquire(target.name)
             body = await self._continuation(target)
             if body is None:
@@ -183,8 +204,11 @@ class Relay:
             )
             if isinstance(opened, Failure):
                 proxy.release(target.name)
+                at.end = self.clock.now()
+                at.status, at.outcome = opened.status, opened.outcome.value
                 last = opened
                 continue
+            at.status, at.outcome = opened.resp.status, "ok"
             return opened
         return last
 
@@ -317,7 +341,12 @@ class Relay:
                 # The filter edits the chunk in place (held back or cut text): re-made.
                 obj, raw = filtered, b"data: " + orjson.dumps(filtered) + b"\n\n"
             track(state, obj)
-            if obj.get("usage") is not None and not self.continuous_usage:
+            usage = obj.get("usage")
+            if usage is not None and isinstance(usage, dict):
+                p = usage.get("prompt_tokens")
+                if isinstance(p, int):
+                    self.ex.tokens_in = p
+            if usage is not None and not self.continuous_usage:
                 self._usage_openai_way(obj, raw, parts)
             else:
                 parts.append(raw)  # the pass-through path: the backend's bytes, unchanged
@@ -340,6 +369,7 @@ class Relay:
 
     async def _end_with_error(self, message: str) -> None:
         out = self._out
+        self.ex.error = "upstream_stream_broken"
         try:
             await out.write(sse_error_event(502, message, "upstream_stream_broken"))
             await out.write(_DONE)

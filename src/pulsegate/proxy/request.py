@@ -8,7 +8,7 @@ code), which the HTTP layer turns into OpenAI's error shape.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+# The `api` label of each proxied path (metrics, access log, traces).
+API: dict[str, str] = {CHAT: "chat", COMPLETIONS: "completions"}
 # A non-streamed request without max_tokens is allowed this many tokens' worth of time.
 DEFAULT_MAX_TOKENS = 1024
 
@@ -34,6 +36,7 @@ class Rejection:
     status: int
     message: str
     code: str
+    headers: Mapping[str, str] | None = None  # e.g. a 429's Retry-After
 
 
 @dataclass(frozen=True, slots=True)

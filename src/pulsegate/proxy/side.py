@@ -15,6 +15,7 @@ from pulsegate.clock import Clock
 from pulsegate.config import Config
 from pulsegate.proxy.attempt import AttemptOpener
 from pulsegate.proxy.budget import RetryBudget
+from pulsegate.proxy.exchange import Door, Recorder
 from pulsegate.proxy.forward import Forwarder, retry_budget
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.ports import Outcomes, Router, Verdicts
@@ -44,6 +45,10 @@ class ProxySide:
         self.targets: Mapping[str, Target] = {b.name: target(b) for b in config.backends}
         self.upstream = Upstream(config.retry.connect_timeout, now=clock.now)
         self._opener = AttemptOpener(self.upstream, state, outcomes, metrics, clock)
+        # The front door (`auth:`) and who is told of each finished request (access log,
+        # traces): set by whoever composes the process, before `start`.
+        self.door: Door | None = None
+        self.recorders: tuple[Recorder, ...] = ()
 
     def start(self) -> Forwarder:
         self.forwarder = self._forwarder(retry_budget(self.config, self.clock.now()))
@@ -61,6 +66,8 @@ class ProxySide:
             self.metrics,
             self.clock,
             budget,
+            self.door,
+            self.recorders,
         )
 
     def reconfigure(self, cfg: Config, router: Router) -> None:

@@ -1,0 +1,98 @@
+"""One client request as the outside world saw it, and the seams that read it.
+
+The proxy path fills an `Exchange` in as it goes (who asked, for which model, which backends
+were tried, the status, the client-seen time to first token, the tokens, the resumes) and,
+when the request ends, hands it to the `Recorder`s: the access log, the tracer, the per-key
+token accounting. Recording is off the request path: a recorder only appends to a buffer or
+a queue, never waits on I/O. With no recorder and no `Door` the record is still filled (a
+few attribute writes per request) and dropped.
+
+`Door` is the front door (`auth:`): it names the caller from the request headers before the
+body is read, then admits the parsed request against the caller's model allow-list and
+limits, and is told when the request ends so it can correct the tokens it estimated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pulsegate.proxy.request import ProxyRequest, Rejection
+
+# Status recorded for a request whose client went away before the answer was complete
+# (nginx's convention).
+CLIENT_CLOSED = 499
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One upstream request made for the exchange: a first try, a retry or a resume."""
+
+    backend: str
+    start: float  # clock seconds (monotonic)
+    end: float = 0.0
+    status: int | None = None  # the backend's HTTP status, None: no answer
+    outcome: str = ""  # "ok", or the failure's outcome (`health.observations.Outcome`)
+    resume: bool = False
+
+
+@dataclass(slots=True)
+class Exchange:
+    start: float  # clock seconds (monotonic) at arrival
+    wall: float  # time.time() at arrival: the access log's and the trace's timestamps
+    path: str
+    api: str  # chat, completions, ...: the `api` label
+    key: str | None = None  # the client key's name (never the key)
+    model: str | None = None
+    stream: bool = False
+    # The backends tried, in order, first attempts and resumes (the same list the proxy
+    # path keeps to never try a backend twice).
+    backends: list[str] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    status: int = 0  # what the client got (a stream that ended in an error event: 200)
+    error: str | None = None  # the error code the client got, in the body or the stream
+    ttft: float | None = None  # seconds from arrival to the first byte sent to the client
+    tokens_in: int | None = None  # the answer's `usage`, when the backend sent one
+    tokens_out: int | None = None
+    resumes: int = 0
+    hedges: int = 0
+    end: float = 0.0
+    # W3C trace context the client sent (`traceparent`), for the tracer.
+    traceparent: str | None = None
+    # Headers the door adds to the answer (`x-ratelimit-*`).
+    reply_headers: Mapping[str, str] | None = None
+    # What the door admitted, handed back to it at the end.
+    ticket: object = None
+
+    def attempt(self, backend: str, now: float, resume: bool = False) -> Attempt:
+        a = Attempt(backend, now, resume=resume)
+        self.attempts.append(a)
+        return a
+
+
+class Recorder(Protocol):
+    """Told of every exchange once it ended; must not block or raise."""
+
+    def record(self, ex: Exchange) -> None: ...
+
+
+class Door(Protocol):
+    """The front door: who is asking, and may they."""
+
+    def identify(self, headers: Mapping[str, str], ex: Exchange) -> Rejection | None:
+        """Name the caller from the request's headers (sets `ex.key`), or refuse: 401."""
+        ...
+
+    def admit(self, req: ProxyRequest, ex: Exchange, now: float) -> Rejection | None:
+        """May the caller send `req` now (model allow-list, limits)? Sets `ex.ticket` and
+        `ex.reply_headers` when admitted; a refusal is a 403 or 429 with its headers."""
+        ...
+
+    def settle(self, ex: Exchange, now: float) -> None:
+        """The admitted exchange ended: release what `admit` took, correct the tokens."""
+        ...
+
+
+__all__ = ["CLIENT_CLOSED", "Attempt", "Door", "Exchange", "Recorder"]
