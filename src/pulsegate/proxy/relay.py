@@ -342,30 +342,13 @@ class Relay:
                 obj, raw = filtered, b"data: " + orjson.dumps(filtered) + b"\n\n"
             track(state, obj)
             usage = obj.get("usage")
-            if usage is not None and isinstance(usage, dict):
-                p = usage.get("prompt_tokens")
-                if isinstance(p, int):
-                    self.ex.tokens_in = p
             if usage is not None and not self.continuous_usage:
-                self._usage_openai_way(obj, raw, parts)
+                _usage_openai_way(obj, raw, parts, self.include_usage)
+                if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+                    self.ex.tokens_in = usage["prompt_tokens"]
             else:
                 parts.append(raw)  # the pass-through path: the backend's bytes, unchanged
         return _GO_ON
-
-    def _usage_openai_way(self, obj: dict[str, Any], raw: bytes, parts: list[bytes]) -> None:
-        """`usage` only when asked, in its own chunk with `choices: []` (OpenAI, vLLM).
-        Some engines (transformers serve) always put it on the last content chunk."""
-        usage = obj["usage"]
-        if not obj.get("choices"):
-            if self.include_usage:
-                parts.append(raw)  # already the OpenAI way
-            return
-        del obj["usage"]
-        parts.append(b"data: " + orjson.dumps(obj) + b"\n\n")
-        if self.include_usage:
-            extra = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
-            parts.append(b"data: " + orjson.dumps({**extra, "choices": [], "usage": usage}))
-            parts.append(b"\n\n")
 
     async def _end_with_error(self, message: str) -> None:
         out = self._out
@@ -376,6 +359,24 @@ class Relay:
             await out.write_eof()
         except (ConnectionError, RuntimeError):
             pass
+
+
+def _usage_openai_way(
+    obj: dict[str, Any], raw: bytes, parts: list[bytes], include_usage: bool
+) -> None:
+    """`usage` only when asked, in its own chunk with `choices: []` (OpenAI, vLLM).
+    Some engines (transformers serve) always put it on the last content chunk."""
+    usage = obj["usage"]
+    if not obj.get("choices"):
+        if include_usage:
+            parts.append(raw)  # already the OpenAI way
+        return
+    del obj["usage"]
+    parts.append(b"data: " + orjson.dumps(obj) + b"\n\n")
+    if include_usage:
+        extra = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
+        parts.append(b"data: " + orjson.dumps({**extra, "choices": [], "usage": usage}))
+        parts.append(b"\n\n")
 
 
 __all__ = ["Closable", "Relay", "StreamSettings"]
