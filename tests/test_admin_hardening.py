@@ -203,6 +203,47 @@ def test_credentials_in_a_backend_url_are_refused_at_load(tmp_path: Path) -> Non
     assert "hunter2" not in p.stdout + p.stderr
 
 
+def test_a_mistyped_url_is_not_echoed_with_its_secrets() -> None:
+    """A backend URL without its scheme, or a webhook URL (whose path is often the secret),
+    is refused without repeating the credentials or the path."""
+    doc = {
+        "backends": [{"name": "b", "url": "alice:hunter2@api.example.com"}],
+        "alerts": {"webhook": "hooks.example.com/services/T00/B00/s3cr3t"},
+    }
+    with pytest.raises(ConfigError) as e:
+        parse_config(doc)
+    text = str(e.value)
+    assert "backends[0].url" in text and "alerts.webhook" in text, text
+    assert "hunter2" not in text and "s3cr3t" not in text, text
+
+
+def test_backend_keys_stay_out_of_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy's target and the probers' per-backend state hold the backend's key as a
+    header; neither repr shows it (a log line or a traceback that prints them)."""
+    from pulsegate.probers.scheduler import _Backend
+    from pulsegate.proxy.targets import target
+
+    monkeypatch.setenv("PG_TEST_BACKEND_KEY", "sk-live-do-not-show")
+    cfg = parse_config(
+        {
+            "backends": [
+                {
+                    "name": "h",
+                    "url": "https://api.example.com",
+                    "api_key_env": "PG_TEST_BACKEND_KEY",
+                }
+            ]
+        }
+    )
+    b = cfg.backends[0]
+    t = target(b)
+    assert t.headers["authorization"] == "Bearer sk-live-do-not-show"
+    assert "sk-live" not in repr(t)
+    probe_state = _Backend(b, {}, None, ())  # type: ignore[arg-type]
+    probe_state.headers = {"x": {"Authorization": t.headers["authorization"]}}  # type: ignore[dict-item]
+    assert "sk-live" not in repr(probe_state)
+
+
 @pytest.fixture
 def worker_pids() -> Iterator[set[int]]:
     """Worker PIDs seen by a test: any still running at the end are killed by PID."""

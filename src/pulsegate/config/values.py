@@ -116,10 +116,21 @@ def _hostport(v: object) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _shown(url: str) -> str:
+    """`url` as an error may show it: anything before an `@` (user:password, a token) is
+    replaced, and a long value cut, since a mistyped URL may still carry a secret."""
+    at = url.rfind("@")
+    if at >= 0:
+        scheme = url.find("://")
+        head = url[: scheme + 3] if 0 <= scheme < at else ""
+        url = head + "***" + url[at:]
+    return url if len(url) <= 120 else url[:117] + "..."
+
+
 def _url(v: object) -> str:
     s = _str(v).rstrip("/")
     if not (s.startswith("http://") or s.startswith("https://")):
-        raise ValueError(f"must start with http:// or https://, got {s!r}")
+        raise ValueError(f"must start with http:// or https://, got {_shown(s)!r}")
     if s.endswith("/v1"):
         raise ValueError("must be the base URL without /v1")
     return s
@@ -128,7 +139,8 @@ def _url(v: object) -> str:
 def _url_any(v: object) -> str:
     s = _str(v)
     if not (s.startswith("http://") or s.startswith("https://")):
-        raise ValueError(f"must start with http:// or https://, got {s!r}")
+        # A webhook URL's path is often its secret (Slack, Teams): never echoed.
+        raise ValueError("must start with http:// or https://")
     return s
 
 

@@ -76,7 +76,7 @@ class _Backend:
     """What the loops of one backend share. Touched only from the event loop."""
 
     cfg: BackendConfig
-    headers: dict[Kind, dict[str, str]]
+    headers: dict[Kind, dict[str, str]] = field(repr=False)  # carry the backend's key
     canary_text: CanaryText
     models: tuple[str, ...]
     api: Api = Api.COMPLETIONS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pulsegate.config import BackendConfig
 
@@ -15,7 +15,9 @@ log = logging.getLogger("pulsegate.proxy")
 class Target:
     name: str
     url: str
-    headers: dict[str, str]
+    # Carries the backend's key (`api_key_env`): kept out of the repr, so no log line or
+    # traceback that shows a Target shows the key.
+    headers: dict[str, str] = field(repr=False)
     resume: str = "vllm"
 
 
