@@ -37,6 +37,16 @@ LINGER_S = 1.0
 LINGER_BYTES = 64 * 1024
 # Bodies up to this size are sent in one write with the head (one send() call).
 _JOIN_BELOW = 16 * 1024
+# A response head is at most this many bytes and header fields (Envoy's defaults for
+# `max_response_headers_kb` and `max_response_headers_count` are 60 KiB and 100): a backend
+# sending 400k header lines left the gateway unresponsive for 30 s before the bound, and one
+# 64 MiB header cost 3.1 s of CPU (httptools re-joins a value's pieces as they arrive).
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
+# A body read whole (a non-streamed answer, an error) is at most this big: a 1 GiB answer
+# took the gateway from 356 MB to 2.19 GB before the bound. 64 MiB holds an embeddings answer
+# for ~1,500 inputs of 1,024 dimensions as JSON text.
+MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class UpstreamError(Exception):
@@ -65,7 +75,7 @@ class ConnectionLost(UpstreamError):
 
 
 class ProtocolError(UpstreamError):
-    """The backend's bytes are not a valid HTTP/1.1 response."""
+    """The backend's bytes are not a valid HTTP/1.1 response, or exceed a bound."""
 
 
 class Headers(Mapping[str, str]):
@@ -120,6 +130,7 @@ class Response:
         "_exc",
         "_head",
         "_keep_alive",
+        "_limit",
         "_paused",
         "_released",
         "_size",
@@ -145,6 +156,7 @@ class Response:
         self._whole = False  # read() is waiting for everything: no backpressure
         self._until_eof = False  # neither Content-Length nor chunked: the body ends at EOF
         self._released = False  # release() came before the end: lingering for it
+        self._limit = MAX_BODY_BYTES  # read(): the most it takes
 
     @property
     def buffered(self) -> int:
@@ -153,9 +165,13 @@ class Response:
 
     # -- the reader's side --------------------------------------------------------------------
 
-    async def read(self) -> bytes:
-        """The whole body."""
+    async def read(self, limit: int = MAX_BODY_BYTES) -> bytes:
+        """The whole body; a body past `limit` bytes is a `ProtocolError` (and the
+        connection is closed: never read on into memory)."""
         self._whole = True
+        self._limit = limit
+        if self._size > limit:
+            self._too_large()
         if self._paused:
             self._resume()
         while not self._done:
@@ -234,10 +250,22 @@ class Response:
 
     # -- the connection's side ----------------------------------------------------------------
 
+    def _too_large(self) -> None:
+        self._fail(ProtocolError(f"response body exceeds {self._limit} bytes"))
+        self._buf = []
+        self._size = 0
+        conn = self._conn
+        if conn is not None:
+            conn.abort()
+
     def _feed(self, data: bytes) -> None:
         self._buf.append(data)
         self._size += len(data)
-        if self._size > HIGH_WATER and not self._whole and not self._paused:
+        if self._whole:
+            if self._size > self._limit:
+                self._too_large()
+                return
+        elif self._size > HIGH_WATER and not self._paused:
             conn = self._conn
             if conn is not None:
                 self._paused = True
@@ -276,6 +304,8 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0  # set by the pool, on its clock (`Upstream.now`)
         self.got_bytes = False
         self._raw: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0  # bytes received while the response head is incomplete
+        self._in_head = False
         self._informational = False
         self._linger: asyncio.TimerHandle | None = None
         self._lingered = 0
@@ -289,6 +319,8 @@ class Connection(asyncio.Protocol):
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         resp = self.resp = Response(self, fut)
         self.got_bytes = False
+        self._in_head = True
+        self._head_bytes = 0
         if len(body) < _JOIN_BELOW:
             self.transport.write(head + body)
         else:
@@ -329,11 +361,23 @@ class Connection(asyncio.Protocol):
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse("a protocol upgrade nobody asked for")
+            return
         except httptools.HttpParserError as e:
-            resp = self.resp
-            if resp is not None:
-                resp._fail(ProtocolError(f"malformed response: {e}"))
-            self.abort()
+            cause = e.__context__
+            self._refuse(str(cause) if isinstance(cause, ProtocolError) else f"malformed: {e}")
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse(f"headers exceed {MAX_HEAD_BYTES} bytes")
+
+    def _refuse(self, why: str) -> None:
+        resp = self.resp
+        if resp is not None:
+            resp._fail(ProtocolError(f"response refused: {why}"))
+        self.abort()
 
     def eof_received(self) -> bool:
         return False  # close our side too; connection_lost follows
@@ -370,28 +414,36 @@ class Connection(asyncio.Protocol):
         self._raw = []
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._raw.append((name, value))
+        raw = self._raw
+        if len(raw) >= MAX_HEADERS:
+            raise ProtocolError(f"more than {MAX_HEADERS} header fields")
+        raw.append((name, value))
 
     def on_headers_complete(self) -> None:
         resp = self.resp
         if resp is None:
             return
         status = self.parser.get_status_code()
-        if 100 <= status < 200:
+        if status == 101 or not 100 <= status <= 599:
+            raise ProtocolError(f"status {status:03d}")  # 000 is no success, 101 no answer
+        if status < 200:
             self._informational = True  # 100 Continue and friends: the real one follows
             return
+        self._in_head = False
         resp.status = status
         h = resp.headers = Headers(self._raw)
         if status not in (204, 304) and "content-length" not in h:
+            # Chunked framing only when `chunked` is the last coding (RFC 9112 6.3):
+            # `chunked, gzip` is read to the end of the connection, as the parser does.
             te = h.get("transfer-encoding")
-            resp._until_eof = te is None or "chunked" not in te.lower()
+            resp._until_eof = te is None or not te.lower().rstrip().endswith("chunked")
         if not resp._head.done():
             resp._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
         resp = self.resp
-        if resp is None:
-            return
+        if resp is None or self._informational:
+            return  # a 1xx has no body: bytes after its head are never the answer's
         if resp._released:
             self._lingered += len(body)
             if self._lingered > LINGER_BYTES:
