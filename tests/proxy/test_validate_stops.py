@@ -19,6 +19,8 @@ MSGS = [{"role": "user", "content": "x"}]
         ({"n": 0}, "'n'"),
         ({"stream": "yes"}, "'stream'"),
         ({"stop": [1]}, "'stop'"),
+        ({"stop": ["x"] * 280_000}, "at most 32 strings"),
+        ({"stop": "y" * 257}, "at most 256 characters"),
         ({"messages": [{"role": "user", "content": 7}]}, "messages[0].content"),
     ],
 )
