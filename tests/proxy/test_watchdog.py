@@ -67,6 +67,29 @@ def test_an_ejection_tightens_the_limit_whatever_may_cut_says() -> None:
     assert str(w.cut_by).startswith("backend ejected (canary): no token for")
 
 
+def test_a_slow_client_is_not_the_engines_silence() -> None:
+    """While the relay is blocked writing to a slow client, a stall is never cut, however
+    long; once the write is done the engine gets a full stall period again. An ejection
+    still cuts."""
+    clock, up = ManualClock(), _Upstream()
+    w = Watchdog(clock, up, 1.0)
+    w.holding = True
+    clock.advance(5.0)
+    assert up.closed == 0 and w.cut_by is None
+    w.holding = False
+    w.touch()
+    clock.advance(0.9)
+    assert up.closed == 0
+    clock.advance(0.2)
+    assert up.closed == 1 and w.cut_by is not None and w.cut_by.kind is CutKind.STALLED
+    clock2, up2 = ManualClock(), _Upstream()
+    w2 = Watchdog(clock2, up2, 1.0)
+    w2.holding = True
+    w2.tighten(EJECTED_STALL_S, "backend ejected")
+    clock2.advance(EJECTED_STALL_S + 0.01)
+    assert up2.closed == 1 and w2.cut_by is not None and w2.cut_by.kind is CutKind.EJECTED
+
+
 def test_stop_cancels_the_timer() -> None:
     """A stream that ended leaves no timer behind."""
     clock, up = ManualClock(), _Upstream()

@@ -33,7 +33,12 @@ class Watchdog:
     otherwise the stream keeps waiting and the check repeats every `stall` seconds. Time our
     own loop stood still does not count as the engine's silence.
 
-    One timer per stall period rather than one per chunk: `touch()` only stores a time."""
+    One timer per stall period rather than one per chunk: `touch()` only stores a time.
+
+    While `holding` is set the relay is blocked writing to a slow client and reads nothing
+    from the upstream: its silence is ours, and a stall is not cut (a client reading slowly
+    made the landed code blame a healthy backend, cut it and resume elsewhere: a client
+    could make three backends generate for one request). An ejection still cuts."""
 
     __slots__ = (
         "_clock",
@@ -44,6 +49,7 @@ class Watchdog:
         "_may_cut",
         "_resp",
         "cut_by",
+        "holding",
         "last",
         "stall",
     )
@@ -63,6 +69,7 @@ class Watchdog:
         self._deadline = deadline
         self.last = clock.now()
         self.cut_by: Cut | None = None  # why the watchdog (or an ejection, a shutdown) cut
+        self.holding = False  # the relay is writing to the client (see the class doc)
         self._hint = "stalled"
         self._kind = CutKind.STALLED
         self._handle: Handle | None = clock.call_later(stall, self._check)
@@ -73,7 +80,9 @@ class Watchdog:
     def _check(self) -> None:
         now = self._clock.now()
         idle = now - self.last
-        if idle >= self.stall:
+        if self.holding and self._kind is CutKind.STALLED:
+            idle = 0.0  # waiting on our client, not on the engine
+        elif idle >= self.stall:
             # Time our own loop stood still is not the engine's silence: its tokens may be
             # sitting unread (pulsegate.clock).
             idle = running(self._clock, self.last, now)
