@@ -1,7 +1,7 @@
 """What the heartbeat costs the gateway: CPU of N `HeartbeatClient`s pinging N agents.
 
     .venv/bin/python bench/heartbeat_cost.py [--agents 100] [--seconds 10] [--interval 0.1]
-        [--agent-procs 2] [--no-uvloop] [--json FILE]
+        [--agent-procs 2] [--no-uvloop] [--tls] [--json FILE]
 
 Starts one `pulsegate sim` (the engine every agent watches), `--agent-procs` processes
 hosting the N agents between them (real `Agent` components, each its own gRPC server and
@@ -12,6 +12,12 @@ threads: gRPC's own threads included) over `--seconds` and prints it as a share 
 core, with pongs/s, misses and RTT percentiles. Agents refresh their engine snapshot every
 2 s here (instead of 150 ms) so that their load, which is not the gateway's, disturbs the
 measurement less on a small machine. Every child is stopped by PID at the end.
+
+`--tls` measures twice in the same run, against the same agent processes: first the N
+clients in plaintext, then N clients over mutual TLS (`agent_tls` with a CA, a client
+certificate and key) to N more agents serving ``--tls-cert/--tls-key/--tls-client-ca``,
+and prints the TLS / plaintext CPU ratio. The certificates are made with the `openssl`
+commands of docs/agent-tls.md, so the bench also checks that those commands work.
 """
 
 from __future__ import annotations
@@ -25,18 +31,51 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _agents_main(engine: str, count: int, refresh: float) -> None:
-    """Child process: `count` in-process agents; prints their ports, runs until SIGTERM."""
+def _make_certs(d: Path) -> None:
+    """A CA, the agents' certificate (SAN 127.0.0.1) and the gateway's client certificate,
+    with the openssl commands docs/agent-tls.md gives."""
+
+    def sh(*argv: str) -> None:
+        subprocess.run(argv, cwd=d, check=True, capture_output=True)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+    sh("openssl", "req", "-x509", *ec, "-days", "1", "-subj", "/CN=bench CA",
+       "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    exts = {
+        "agent": "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        "gateway": "extendedKeyUsage=clientAuth\n",
+    }
+    for name, ext in exts.items():
+        (d / f"{name}.ext").write_text(ext)
+        sh("openssl", "req", *ec, "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+           "-out", f"{name}.csr")  # fmt: skip
+        sh("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem",
+           "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
+           "-extfile", f"{name}.ext", "-out", f"{name}.pem")  # fmt: skip
+
+
+def _agents_main(engine: str, count: int, refresh: float, certs: str) -> None:
+    """Child process: `count` in-process agents (and, with a `certs` folder, `count` more
+    serving mutual TLS); prints their ports, runs until SIGTERM."""
     from pulsegate.agent.server import Agent
+    from pulsegate.agent.tls import read_server_files
 
     async def main() -> None:
         agents = [Agent(engine, "127.0.0.1:0", gpu="engine", refresh=refresh) for _ in range(count)]
+        if certs:
+            d = Path(certs)
+            files = read_server_files(str(d / "agent.pem"), str(d / "agent.key"), str(d / "ca.pem"))
+            agents += [
+                Agent(engine, "127.0.0.1:0", gpu="engine", refresh=refresh, tls=files)
+                for _ in range(count)
+            ]
         ports = [await a.start() for a in agents]
         print("ports " + " ".join(map(str, ports)), flush=True)
         stop = asyncio.Event()
@@ -61,9 +100,11 @@ def _read_line(proc: subprocess.Popen[bytes], pattern: str, timeout: float = 60.
     raise RuntimeError(f"child did not print {pattern!r}")
 
 
-async def _gateway(ports: list[int], args: argparse.Namespace) -> dict[str, float]:
+async def _gateway(
+    ports: list[int], args: argparse.Namespace, certs: Path | None = None
+) -> dict[str, float]:
     from pulsegate.clock import SystemClock
-    from pulsegate.config import HeartbeatConfig, MicroInferenceConfig
+    from pulsegate.config import AgentTlsConfig, HeartbeatConfig, MicroInferenceConfig
     from pulsegate.health.observations import Heartbeat, Observation, ProbeResult
     from pulsegate.probers.heartbeat import HeartbeatClient
 
@@ -83,8 +124,17 @@ async def _gateway(ports: list[int], args: argparse.Namespace) -> dict[str, floa
 
     cfg = HeartbeatConfig(interval=args.interval, timeout=0.08, misses_to_dead=3)
     clock = SystemClock(asyncio.get_running_loop())
+    tls = None
+    if certs is not None:
+        tls = AgentTlsConfig(
+            ca=str(certs / "ca.pem"),
+            cert=str(certs / "gateway.pem"),
+            key=str(certs / "gateway.key"),
+        )
     clients = [
-        HeartbeatClient(f"b{i}", f"127.0.0.1:{p}", cfg, MicroInferenceConfig(), emit, clock=clock)
+        HeartbeatClient(
+            f"b{i}", f"127.0.0.1:{p}", cfg, MicroInferenceConfig(), emit, clock=clock, tls=tls
+        )
         for i, p in enumerate(ports)
     ]
     tasks = [asyncio.create_task(c.run()) for c in clients]
@@ -97,6 +147,7 @@ async def _gateway(ports: list[int], args: argparse.Namespace) -> dict[str, floa
     c1 = {k: v for k, v in counts.items()}
     await asyncio.gather(*(c.close() for c in clients))
     await asyncio.gather(*tasks, return_exceptions=True)
+    clock.close()
     wall = w1 - w0
     q = statistics.quantiles(rtts, n=100) if len(rtts) > 100 else [float("nan")] * 99
     return {
@@ -114,6 +165,17 @@ async def _gateway(ports: list[int], args: argparse.Namespace) -> dict[str, floa
     }
 
 
+def _line(r: dict[str, float], label: str) -> str:
+    return (
+        f"{label}{r['agents']} agents @ {r['interval_s'] * 1e3:.0f} ms: gateway CPU "
+        f"{r['cpu_pct_of_core']:.1f}% of one core (user {r['user_pct']:.1f}%, "
+        f"sys {r['sys_pct']:.1f}%) over {r['seconds']:.1f}s; "
+        f"{r['pongs_per_s']:.0f} pongs/s, {r['misses']} misses, "
+        f"{r['micro_results']} micro results, RTT p50 {r['rtt_p50_ms']:.2f} ms "
+        f"p99 {r['rtt_p99_ms']:.2f} ms"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--agents", type=int, default=100)
@@ -123,17 +185,23 @@ def main() -> int:
     ap.add_argument("--agent-procs", type=int, default=2)
     ap.add_argument("--agent-refresh", type=float, default=2.0)
     ap.add_argument("--no-uvloop", action="store_true")
+    ap.add_argument("--tls", action="store_true", help="plaintext, then mutual TLS: the ratio")
     ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--_agents", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--_agents", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._agents:
-        engine, count, refresh = args._agents
-        _agents_main(engine, int(count), float(refresh))
+        engine, count, refresh, certs = args._agents
+        _agents_main(engine, int(count), float(refresh), certs)
         return 0
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     children: list[subprocess.Popen[bytes]] = []
+    tmp = tempfile.TemporaryDirectory(prefix="pulsegate-bench-tls-")
+    certs = Path(tmp.name) if args.tls else None
+    results: dict[str, dict[str, float]] = {}
     try:
+        if certs is not None:
+            _make_certs(certs)
         sim = subprocess.Popen(
             [sys.executable, "-m", "pulsegate", "sim", "--port", "0", "--name", "bench"],
             stdout=subprocess.PIPE,
@@ -145,30 +213,33 @@ def main() -> int:
         per = [args.agents // args.agent_procs] * args.agent_procs
         for i in range(args.agents % args.agent_procs):
             per[i] += 1
-        ports: list[int] = []
+        plain: list[int] = []
+        secure: list[int] = []
         procs = []
         for n in per:
             if n == 0:
                 continue
+            cmd = [sys.executable, __file__, "--_agents", engine, str(n), str(args.agent_refresh)]
             p = subprocess.Popen(
-                [sys.executable, __file__, "--_agents", engine, str(n), str(args.agent_refresh)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                env=env,
+                [*cmd, str(certs or "")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
             )
             children.append(p)
-            procs.append(p)
-        for p in procs:
-            ports += [int(x) for x in _read_line(p, r"^ports ").split()[1:]]
+            procs.append((p, n))
+        for p, n in procs:
+            got = [int(x) for x in _read_line(p, r"^ports ").split()[1:]]
+            plain += got[:n]
+            secure += got[n:]
 
-        if args.no_uvloop:
-            result = asyncio.run(_gateway(ports, args))
-        else:
-            import uvloop
+        runs = [("plaintext", plain, None)] + ([("mtls", secure, certs)] if certs else [])
+        for label, ports, folder in runs:
+            if args.no_uvloop:
+                results[label] = asyncio.run(_gateway(ports, args, folder))
+            else:
+                import uvloop
 
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                result = runner.run(_gateway(ports, args))
-        result["uvloop"] = not args.no_uvloop
+                with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                    results[label] = runner.run(_gateway(ports, args, folder))
+            results[label]["uvloop"] = not args.no_uvloop
     finally:
         for p in reversed(children):
             if p.poll() is None:
@@ -179,16 +250,20 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait()
-    print(
-        f"{result['agents']} agents @ {result['interval_s'] * 1e3:.0f} ms: gateway CPU "
-        f"{result['cpu_pct_of_core']:.1f}% of one core (user {result['user_pct']:.1f}%, "
-        f"sys {result['sys_pct']:.1f}%) over {result['seconds']:.1f}s; "
-        f"{result['pongs_per_s']:.0f} pongs/s, {result['misses']} misses, "
-        f"{result['micro_results']} micro results, RTT p50 {result['rtt_p50_ms']:.2f} ms "
-        f"p99 {result['rtt_p99_ms']:.2f} ms"
-    )
+        tmp.cleanup()
+    out: dict[str, object] = dict(results["plaintext"])
+    if "mtls" in results:
+        ratio = results["mtls"]["cpu_pct_of_core"] / max(
+            results["plaintext"]["cpu_pct_of_core"], 1e-9
+        )
+        print(_line(results["plaintext"], "plaintext: "))
+        print(_line(results["mtls"], "mutual TLS: "))
+        print(f"TLS / plaintext gateway CPU: {ratio:.2f}x")
+        out = {"plaintext": results["plaintext"], "mtls": results["mtls"], "tls_ratio": ratio}
+    else:
+        print(_line(results["plaintext"], ""))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 

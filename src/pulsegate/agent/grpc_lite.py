@@ -10,8 +10,10 @@ gateway runs). The agent stays a standard grpc.aio server, so any gRPC client (g
 grpc_health_probe) can still talk to it.
 
 What it implements, and what it deliberately does not (RFC 9113, gRPC over HTTP/2):
-- one request stream (id 1) per connection, prior knowledge cleartext (h2c), the request
-  headers sent as HPACK literals without indexing or Huffman coding (valid for any peer);
+- one request stream (id 1) per connection, prior knowledge cleartext (h2c), or over TLS
+  (`open_stream(tls=...)`: asyncio's TLS transport, the handshake within the connect
+  timeout, ALPN h2 required, `agent.tls`), the request headers sent as HPACK literals
+  without indexing or Huffman coding (valid for any peer);
 - response headers and trailers are skipped, not decoded (no HPACK decoder): the stream
   ending, a RST_STREAM, a GOAWAY or the connection closing all mean "the stream is over",
   which is all the heartbeat needs to know;
@@ -25,9 +27,12 @@ What it implements, and what it deliberately does not (RFC 9113, gRPC over HTTP/
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 from collections.abc import Callable
 from typing import cast
+
+from pulsegate.agent.tls import alpn_problem, describe
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -75,13 +80,19 @@ def _hpack_string(s: bytes) -> bytes:
     return bytes(out) + s
 
 
-def request_headers(authority: str, path: str, metadata: tuple[tuple[str, str], ...] = ()) -> bytes:
-    """The header block of a gRPC call: POST, http, path, authority, grpc content type, then
-    `metadata` (lower-case ASCII names; sent never-indexed, since it may carry a token)."""
+class TlsFailure(ConnectionError):
+    """The TLS handshake failed or agreed on no h2: the message says why (one line)."""
+
+
+def request_headers(
+    authority: str, path: str, metadata: tuple[tuple[str, str], ...] = (), *, tls: bool = False
+) -> bytes:
+    """The header block of a gRPC call: POST, http(s), path, authority, grpc content type,
+    then `metadata` (lower-case ASCII names; sent never-indexed, since it may carry a token)."""
     extra = b"".join(_never_indexed(k.encode(), v.encode()) for k, v in metadata)
     return (
         b"\x83"  # :method POST (static table index 3)
-        + b"\x86"  # :scheme http (index 6)
+        + (b"\x87" if tls else b"\x86")  # :scheme https (index 7) or http (index 6)
         + _literal(b":path", path.encode())
         + _literal(b":authority", authority.encode())
         + _literal(b"content-type", b"application/grpc")
@@ -103,7 +114,9 @@ class GrpcStream(asyncio.Protocol):
     reason, `closed` resolves with a short reason and `on_closed(self)` is called (once,
     synchronously, before anything else can use the stream). `send(bytes)` frames and
     writes one request message at once, or returns False when flow control or the socket
-    cannot take it now.
+    cannot take it now. `tls_failure` says why when TLS ended the stream, or its absence
+    did: a handshake that agreed on no h2, an SSL error, or the agent closing before its
+    first byte (`_tls_cause`). `tls` says the transport is TLS (set by `open_stream`).
     """
 
     def __init__(
@@ -113,6 +126,8 @@ class GrpcStream(asyncio.Protocol):
         on_message: Callable[[bytes], None],
         on_closed: Callable[[GrpcStream], None] | None = None,
         metadata: tuple[tuple[str, str], ...] = (),
+        *,
+        tls: bool = False,
     ) -> None:
         self._authority = authority
         self._path = path
@@ -127,6 +142,9 @@ class GrpcStream(asyncio.Protocol):
         self._send_stream = _DEFAULT_WINDOW
         self._peer_initial = _DEFAULT_WINDOW
         self._received = 0
+        self.tls_failure: str | None = None
+        self._tls = tls  # the transport is TLS (its handshake done before connection_made)
+        self._heard = False  # the agent has sent a byte (its SETTINGS come first)
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     # -- asyncio.Protocol ---------------------------------------------------------------
@@ -135,11 +153,15 @@ class GrpcStream(asyncio.Protocol):
         # asyncio's and uvloop's TCP transports (uvloop's is no asyncio.Transport subclass)
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
+        if self._tls and (problem := alpn_problem(transport.get_extra_info("ssl_object"))):
+            self.tls_failure = problem  # never speak h2 where it was not agreed
+            self._finish(f"tls: {problem}")
+            return
         transport.set_write_buffer_limits(high=_WRITE_BUFFER_LIMIT)
         settings = struct.pack(
             ">HIHI", SETTINGS_ENABLE_PUSH, 0, SETTINGS_INITIAL_WINDOW_SIZE, _MAX_WINDOW
         )
-        headers = request_headers(self._authority, self._path, self._metadata)
+        headers = request_headers(self._authority, self._path, self._metadata, tls=self._tls)
         transport.write(
             PREFACE
             + frame(SETTINGS, 0, 0, settings)
@@ -148,7 +170,34 @@ class GrpcStream(asyncio.Protocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.tls_failure = self._tls_cause(exc)
+            if self.tls_failure is not None:
+                self._finish(f"tls: {self.tls_failure}")
+                return
         self._finish(f"connection lost: {exc}" if exc else "connection closed")
+
+    def _tls_cause(self, exc: Exception | None) -> str | None:
+        """Why TLS (or its absence) ended the connection, if it did. An HTTP/2 server's first
+        frame is its SETTINGS (RFC 9113 3.4), sent at once: a peer that closes before sending
+        a byte did not take the connection at all. Over TLS that is the agent refusing our
+        client certificate (a TLS 1.3 server decides after the client's handshake is done,
+        and grpcio's closes without an alert); in cleartext, a TLS-only agent."""
+        if isinstance(exc, ssl.SSLError):
+            return describe(exc)
+        if self._heard:
+            return None
+        if self._tls and (exc is None or isinstance(exc, ConnectionResetError)):
+            return (
+                "the agent closed the connection after the TLS handshake: it requires a client "
+                "certificate (agent_tls.cert, agent_tls.key) and refused ours or its absence"
+            )
+        if not self._tls and exc is None:  # an orderly close, not a crash (that resets)
+            return (
+                "the agent closed the connection before HTTP/2 began: it may serve TLS only "
+                "(set agent_tls for this backend)"
+            )
+        return None
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -157,6 +206,7 @@ class GrpcStream(asyncio.Protocol):
         self._paused = False
 
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         buf = self._buf
         buf += data
         pos = 0
@@ -285,15 +335,32 @@ async def open_stream(
     *,
     connect_timeout: float,
     metadata: tuple[tuple[str, str], ...] = (),
+    tls: ssl.SSLContext | None = None,
+    server_name: str | None = None,
 ) -> GrpcStream:
-    """Connect (within `connect_timeout` s) and start the call with `metadata` (e.g. the
-    agent token); raises OSError or TimeoutError."""
+    """Connect and, with `tls`, shake hands (both within `connect_timeout` s), then start the
+    call with `metadata` (e.g. the agent token). `server_name` is the name the agent's
+    certificate must carry (default: `host`). Raises `TlsFailure` for a failed handshake or
+    no ALPN h2, else OSError or TimeoutError. The handshake runs on the loop's TLS transport
+    (memory BIOs): it never blocks the loop."""
     loop = asyncio.get_running_loop()
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    async with asyncio.timeout(connect_timeout):
-        _, proto = await loop.create_connection(
-            lambda: GrpcStream(authority, path, on_message, on_closed, metadata), host, port
-        )
+    try:
+        async with asyncio.timeout(connect_timeout):
+            _, proto = await loop.create_connection(
+                lambda: GrpcStream(
+                    authority, path, on_message, on_closed, metadata, tls=tls is not None
+                ),
+                host,
+                port,
+                ssl=tls,
+                server_hostname=(server_name or host) if tls is not None else None,
+                ssl_handshake_timeout=connect_timeout if tls is not None else None,
+            )
+    except ssl.SSLError as e:
+        raise TlsFailure(describe(e)) from e
+    if proto.tls_failure is not None:
+        raise TlsFailure(proto.tls_failure)
     return proto
 
 

@@ -1,11 +1,12 @@
 """The node agent: a grpc.aio server for the heartbeat stream beside one engine (R1-R4, R27).
 
-`pulsegate agent --engine URL --listen HOST:PORT [--gpu ...] [--model M] [--token-env VAR]`
-runs `run_agent`. Per stream, the agent reads pings and answers each at once from the
-`EngineWatcher`'s snapshot (a copy of a prebuilt `Pong`, three fields set: microseconds). A
-MICRO_INFERENCE ping starts a task that runs a one-token completion on the local engine; its
-pong is written when the engine answers, while pings keep being answered. Writes on one
-stream are serialised by a lock (gRPC allows one outstanding write per call).
+`pulsegate agent --engine URL --listen HOST:PORT [--gpu ...] [--model M] [--token-env VAR]
+[--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]` runs `run_agent`. Per stream, the
+agent reads pings and answers each at once from the `EngineWatcher`'s snapshot (a copy of a
+prebuilt `Pong`, three fields set: microseconds). A MICRO_INFERENCE ping starts a task that
+runs a one-token completion on the local engine; its pong is written when the engine
+answers, while pings keep being answered. Writes on one stream are serialised by a lock
+(gRPC allows one outstanding write per call).
 
 The door (what a stranger who can reach the port gets):
 - with a token (`--token-env VAR`), a heartbeat stream whose metadata lacks
@@ -18,6 +19,12 @@ The door (what a stranger who can reach the port gets):
   timeout is the caller's ``timeout_ms`` clipped to the agent's `micro_timeout` (2 s).
 The standard health service stays open (it says SERVING or NOT_SERVING, no facts), so
 ``grpc_health_probe`` and Kubernetes probes need no token.
+
+The wire (`agent.tls`): plaintext by default; with ``--tls-cert`` and ``--tls-key`` the port
+speaks only TLS (grpcio's own TLS, ALPN h2), and with ``--tls-client-ca`` a client must also
+present a certificate signed by that CA (mutual TLS), checked in the handshake, before
+any gRPC call, the health service's included. The files are checked at start: a bad one
+stops the agent (exit 2) naming its flag.
 
 The standard ``grpc.health.v1.Health`` service (from grpcio-health-checking) reports ``""``
 and ``pulsegate.agent.v1.Heartbeat`` SERVING while the agent runs, and ``engine`` SERVING
@@ -45,6 +52,7 @@ from grpc_health.v1._async import HealthServicer
 
 from pulsegate.agent.engine import EngineWatcher, MicroOutcome, Snapshot
 from pulsegate.agent.gpu import GpuChoice, NvmlUnavailable, parse_gpu_option
+from pulsegate.agent.tls import ServerFiles, TlsSetupError, read_server_files
 from pulsegate.agent.wire import SERVICE_NAME, add_heartbeat_service, fill_facts, pb, pb_grpc
 from pulsegate.clock import SystemClock
 from pulsegate.probers.http import new_probe_session
@@ -223,6 +231,7 @@ class Agent:
         token: str | None = None,
         micro_timeout: float = DEFAULT_MICRO_TIMEOUT_S,
         max_streams: int = DEFAULT_MAX_STREAMS,
+        tls: ServerFiles | None = None,
     ) -> None:
         if not engine.startswith(("http://", "https://")):
             raise ValueError(f"--engine must start with http:// or https://: {engine!r}")
@@ -240,6 +249,7 @@ class Agent:
         self.micro_timeout = micro_timeout
         self.max_streams = max_streams
         self._token = token
+        self.tls = tls  # None: plaintext
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._health: HealthServicer | None = None
@@ -251,7 +261,8 @@ class Agent:
 
     def __repr__(self) -> str:  # never the token
         token = "set" if self._token else "none"
-        return f"Agent(engine={self.engine!r}, listen={self.listen!r}, token={token})"
+        tls = "none" if self.tls is None else "mtls" if self.tls.client_ca else "tls"
+        return f"Agent(engine={self.engine!r}, listen={self.listen!r}, token={token}, tls={tls})"
 
     @property
     def host(self) -> str:
@@ -306,7 +317,7 @@ class Agent:
         add_heartbeat_service(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         try:
-            port: int = server.add_insecure_port(self.listen)
+            port: int = self._bind(server)
         except RuntimeError as e:
             await self._close_sources()
             raise OSError(f"cannot listen on {self.listen}: {e}") from e
@@ -322,6 +333,16 @@ class Agent:
             "agent: engine %s, GPU figures from %s", self.engine, self._watcher.gpu_description
         )
         return port
+
+    def _bind(self, server: grpc.aio.Server) -> int:
+        if self.tls is None:
+            return server.add_insecure_port(self.listen)  # type: ignore[no-any-return]
+        creds = grpc.ssl_server_credentials(
+            [(self.tls.key, self.tls.cert_chain)],
+            root_certificates=self.tls.client_ca,
+            require_client_auth=self.tls.client_ca is not None,
+        )
+        return server.add_secure_port(self.listen, creds)  # type: ignore[no-any-return]
 
     def _engine_changed(self, snap: Snapshot) -> None:
         task = asyncio.create_task(self._set_engine_health(snap))
@@ -366,10 +387,14 @@ def run_agent(
     token_env: str | None = None,
     micro_timeout: float = DEFAULT_MICRO_TIMEOUT_S,
     max_streams: int = DEFAULT_MAX_STREAMS,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_client_ca: str | None = None,
 ) -> int:
     """Serve until SIGINT or SIGTERM; prints ``agent listening on HOST:PORT`` once serving.
     Exit status 0 after a clean stop, 2 for bad options, 1 when it cannot start.
-    `token_env` names the environment variable holding the shared token (read once here)."""
+    `token_env` names the environment variable holding the shared token (read once here);
+    `tls_*` are the PEM files of TLS (cert + key) and mutual TLS (client CA)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -380,6 +405,11 @@ def run_agent(
             print(f"error: --token-env {token_env}: that variable is not set", file=sys.stderr)
             return 2
     try:
+        tls = _server_tls(tls_cert, tls_key, tls_client_ca)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         agent = Agent(
             engine,
             listen,
@@ -388,6 +418,7 @@ def run_agent(
             token=token,
             micro_timeout=micro_timeout,
             max_streams=max_streams,
+            tls=tls,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -398,6 +429,20 @@ def run_agent(
     except (NvmlUnavailable, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+
+
+def _server_tls(cert: str | None, key: str | None, client_ca: str | None) -> ServerFiles | None:
+    """The TLS files from the flags, checked; None for plaintext. ValueError names the flag."""
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS)")
+        return None
+    if cert is None or key is None:
+        raise ValueError("--tls-cert and --tls-key go together")
+    try:
+        return read_server_files(cert, key, client_ca)
+    except TlsSetupError as e:
+        raise ValueError(f"--tls-{e.role.replace('_', '-')}: {e}") from e
 
 
 async def _serve(agent: Agent) -> int:

@@ -15,19 +15,25 @@ Modules, one concept each; `loader` imports `values` and `validate`, and all thr
 - `values`: scalar converters (durations, numbers, names, URLs, HOST:PORT, limits).
 - `loader`: walks the document, names each problem by its key path, raises `ConfigError`.
 - `validate`: cross-key checks (timeouts against intervals, hysteresis, duplicate names).
+- `agent_tls`: the files of a backend's `agent_tls`, checked at load (`agent.tls`).
+- `apis`: the APIs each engine kind serves (`backends[].apis` defaults by `engine`).
 """
 
 from pulsegate.config.loader import ConfigError, load_config, parse_config
 from pulsegate.config.schema import (
     MAX_INFLIGHT_AUTO,
+    AgentTlsConfig,
     AlertsConfig,
+    AuthConfig,
     BackendConfig,
     CanaryConfig,
     Config,
     GatewayConfig,
     HealthConfig,
     HeartbeatConfig,
+    KeyConfig,
     MicroInferenceConfig,
+    ObservabilityConfig,
     ProbationConfig,
     ProbesConfig,
     ReadinessConfig,
@@ -40,7 +46,9 @@ from pulsegate.config.values import parse_duration
 
 __all__ = [
     "MAX_INFLIGHT_AUTO",
+    "AgentTlsConfig",
     "AlertsConfig",
+    "AuthConfig",
     "BackendConfig",
     "CanaryConfig",
     "Config",
@@ -48,7 +56,9 @@ __all__ = [
     "GatewayConfig",
     "HealthConfig",
     "HeartbeatConfig",
+    "KeyConfig",
     "MicroInferenceConfig",
+    "ObservabilityConfig",
     "ProbationConfig",
     "ProbesConfig",
     "ReadinessConfig",

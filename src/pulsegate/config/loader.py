@@ -8,22 +8,30 @@ messages puts them. `parse_config` raises one `ConfigError` listing every proble
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import yaml
 
+from pulsegate.config.agent_tls import agent_tls_problems
+from pulsegate.config.apis import ENGINE_APIS, ENGINES, _apis
 from pulsegate.config.schema import (
+    AgentTlsConfig,
     AlertsConfig,
+    AuthConfig,
     BackendConfig,
     CanaryConfig,
     Config,
     GatewayConfig,
     HealthConfig,
     HeartbeatConfig,
+    KeyConfig,
     MicroInferenceConfig,
+    ObservabilityConfig,
     ProbationConfig,
     ProbesConfig,
     ReadinessConfig,
@@ -37,12 +45,14 @@ from pulsegate.config.validate import (
     backend_problems,
     gateway_problems,
     health_problems,
+    key_problems,
     mode_problems,
     probes_problems,
     weights_problems,
 )
 from pulsegate.config.values import (
     _NAME,
+    _access_log,
     _bool,
     _choice,
     _dur,
@@ -53,6 +63,7 @@ from pulsegate.config.values import (
     _min_ready,
     _models,
     _num,
+    _otlp_endpoint,
     _path,
     _str,
     _url,
@@ -134,6 +145,10 @@ def _backend(r: _Reader) -> BackendConfig:
     agent_token_env = r.get("agent_token_env", d.agent_token_env, _env_name)
     if agent_token_env is not None and agent is None:
         r.error(r.key("agent_token_env"), "needs an agent (this backend has no `agent` key)")
+    agent_tls = _agent_tls(r) if "agent_tls" in r.data else None
+    if agent_tls is not None and agent is None:
+        r.error(r.key("agent_tls"), "needs an agent (this backend has no `agent` key)")
+    engine = r.get("engine", d.engine, _choice(*ENGINES))  # `apis` defaults by engine kind
     b = BackendConfig(
         name=name,
         url=url,
@@ -143,17 +158,34 @@ def _backend(r: _Reader) -> BackendConfig:
         weight=r.get("weight", d.weight, _num(0.0, 1000.0)),
         agent=agent,
         agent_token_env=agent_token_env,
+        agent_tls=agent_tls,
         metrics_path=r.get("metrics_path", d.metrics_path, _path),
         api_key_env=r.get("api_key_env", d.api_key_env, _env_name),
         max_inflight=r.get("max_inflight", d.max_inflight, _limit),
         resume=r.get("resume", d.resume, _choice("vllm", "none")),
         max_n=r.get("max_n", d.max_n, _int(0, 128)),
+        engine=engine,
+        apis=r.get("apis", ENGINE_APIS[engine], _apis),
     )
     r.finish()
     return b
 
 
-def _gateway(r: _Reader) -> GatewayConfig:
+def _agent_tls(backend: _Reader) -> AgentTlsConfig:
+    """A backend's `agent_tls` mapping; its files are checked as the heartbeat will load them."""
+    r = backend.sub("agent_tls")
+    tls = AgentTlsConfig(
+        ca=r.get("ca", None, _str),
+        cert=r.get("cert", None, _str),
+        key=r.get("key", None, _str),
+        server_name=r.get("server_name", None, _str),
+    )
+    r.finish()
+    r.record(agent_tls_problems(tls))
+    return tls
+
+
+def _gateway(r: _Reader, base_dir: str | None) -> GatewayConfig:
     d = GatewayConfig()
     host, port = r.get("listen", (d.host, d.port), _hostport)
     g = GatewayConfig(
@@ -161,8 +193,10 @@ def _gateway(r: _Reader) -> GatewayConfig:
         port=port,
         admin_token_env=r.get("admin_token_env", d.admin_token_env, _env_name),
         max_body_bytes=r.get("max_body_bytes", d.max_body_bytes, _int(1024)),
+        client_idle_timeout=r.get("client_idle_timeout", d.client_idle_timeout, _dur(0.1)),
         workers=r.get("workers", d.workers, _int(1, 64)),
         mode=r.get("mode", d.mode, _choice("pulsegate", "round_robin", "polling", "passive")),
+        access_log=r.get("access_log", d.access_log, _access_log(base_dir)),
     )
     r.record(gateway_problems(g))
     r.finish()
@@ -297,8 +331,114 @@ def _alerts(r: _Reader) -> AlertsConfig:
     return c
 
 
-def parse_config(data: object) -> Config:
-    """Validate a parsed YAML document; raises ConfigError listing every problem."""
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _sha256(v: object) -> str:
+    # Never echo the value: a key pasted here by mistake must not land in an error or a log.
+    if not isinstance(v, str) or not _HEX64.match(v):
+        raise ValueError(
+            "must be 64 lower-case hex digits, the sha256 of the key (`pulsegate key new`)"
+        )
+    return v
+
+
+def _key(r: _Reader) -> KeyConfig:
+    """One `auth` key entry; a `key_env` key is hashed here and only its digest kept."""
+    name = r.get("name", "", _str)
+    if "name" not in r.data:
+        r.error(r.key("name"), "is required")
+    elif not _NAME.match(name):
+        r.error(r.key("name"), "must be 1-63 letters, digits, '_', '.' or '-'")
+    digest = r.get("sha256", "", _sha256)
+    env = r.get("key_env", None, _env_name)
+    if "sha256" in r.data and "key_env" in r.data:
+        r.error(r.key("key_env"), "set sha256 or key_env, not both")
+    elif "sha256" not in r.data and "key_env" not in r.data:
+        r.error(r.path, "needs sha256 or key_env")
+    elif env is not None:
+        key = os.environ.get(env)
+        if not key:
+            r.error(r.key("key_env"), f"environment variable {env} is not set")
+        else:
+            digest = hashlib.sha256(key.encode()).hexdigest()
+    k = KeyConfig(
+        name=name,
+        sha256=digest,
+        models=r.get("models", ("*",), _models),
+        rpm=r.get("rpm", 0, _int(0)),
+        tpm=r.get("tpm", 0, _int(0)),
+        concurrency=r.get("concurrency", 0, _int(0)),
+        key_env=env,
+    )
+    r.finish()
+    return k
+
+
+def _keys_file(path: str, base_dir: str | None, errors: list[str]) -> object:
+    """The `keys:` list of the keys file (relative to the config file's directory)."""
+    where = f"auth.keys_file: {path}"
+    full = os.path.join(base_dir, path) if base_dir else path
+    try:
+        with open(full, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        errors.append(f"{where}: cannot read: {e.strerror}")
+        return None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        errors.append(f"{where}: not valid YAML{at}: {getattr(e, 'problem', e)}")
+        return None
+    r = _Reader(doc, where, errors)
+    r.seen.add("keys")
+    r.finish()
+    if "keys" not in r.data:
+        errors.append(f"{where}: needs a top-level `keys:` list")
+    return r.data.get("keys")
+
+
+def _auth(r: _Reader, base_dir: str | None) -> AuthConfig | None:
+    if "auth" not in r.data:
+        r.seen.add("auth")
+        return None
+    a = r.sub("auth")
+    file = a.get("keys_file", None, _str)
+    a.seen.add("keys")
+    raw: object = a.data.get("keys")
+    prefix = "auth.keys"
+    a.finish()
+    if file is not None and "keys" in a.data:
+        a.error("auth", "set keys_file or keys, not both")
+        return AuthConfig()
+    if file is not None:
+        raw = _keys_file(file, base_dir, a.errors)
+        prefix = f"auth.keys_file: {file}: keys"
+        if raw is None:
+            return AuthConfig(keys_file=file)  # the file's own error is recorded
+    if not isinstance(raw, list) or not raw:
+        # An empty list would refuse every request: more likely a mistake than a wish.
+        a.error(prefix, "must be a non-empty list of keys")
+        return AuthConfig(keys_file=file)
+    keys = tuple(_key(_Reader(e, f"{prefix}[{i}]", a.errors)) for i, e in enumerate(raw))
+    for key, msg in key_problems(keys, prefix):
+        a.error(prefix + key, msg)
+    return AuthConfig(keys=keys, keys_file=file)
+
+
+def _observability(r: _Reader) -> ObservabilityConfig:
+    d = ObservabilityConfig()
+    c = ObservabilityConfig(
+        otlp_endpoint=r.get("otlp_endpoint", d.otlp_endpoint, _otlp_endpoint),
+        service_name=r.get("service_name", d.service_name, _str),
+    )
+    r.finish()
+    return c
+
+
+def parse_config(data: object, base_dir: str | None = None) -> Config:
+    """Validate a parsed YAML document; raises ConfigError listing every problem.
+    `base_dir`: where a relative `auth.keys_file` is (the config file's directory)."""
     errors: list[str] = []
     root = _Reader(data, "", errors)
     root.seen.add("backends")
@@ -314,13 +454,15 @@ def parse_config(data: object) -> Config:
         root.record(backend_problems(backends))
     cfg = Config(
         backends=tuple(backends),
-        gateway=_gateway(root.sub("gateway")),
+        gateway=_gateway(root.sub("gateway"), base_dir),
         probes=_probes(root.sub("probes")),
         health=_health(root.sub("health")),
         routing=_routing(root.sub("routing")),
         retry=_retry(root.sub("retry")),
         streaming=_streaming(root.sub("streaming")),
         alerts=_alerts(root.sub("alerts")),
+        observability=_observability(root.sub("observability")),
+        auth=_auth(root, base_dir),
     )
     root.finish()
     root.record(mode_problems(cfg))
@@ -340,4 +482,4 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError([f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}"]) from e
-    return parse_config(data)
+    return parse_config(data, os.path.dirname(os.path.abspath(path)))

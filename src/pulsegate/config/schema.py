@@ -11,6 +11,21 @@ from dataclasses import dataclass, field
 
 # `max_inflight: auto`: follow the engine's batch capacity once it is known.
 MAX_INFLIGHT_AUTO = -1
+# The APIs a backend may serve (`backends[].apis`); `tokenize` covers /tokenize and
+# /detokenize. What each engine kind serves by default: `config/apis.py`.
+APIS = ("chat", "completions", "responses", "embeddings", "messages", "rerank", "score", "tokenize")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentTlsConfig:
+    """`agent_tls`: TLS to the backend's agent (`pulsegate agent --tls-cert`), PEM paths."""
+
+    ca: str | None = None  # verify the agent against this CA (None: the system's roots)
+    cert: str | None = None  # with `key`: our client certificate, for mutual TLS
+    key: str | None = None
+    # The name the agent's certificate must carry (None: the host of `agent`, which may be
+    # an IP address, then matched against the certificate's IP SANs).
+    server_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +39,8 @@ class BackendConfig:
     agent: str | None = None
     # Environment variable holding the agent's shared token (`pulsegate agent --token-env`).
     agent_token_env: str | None = None
+    # TLS (and mutual TLS) to the agent; None: plaintext, as the agent serves by default.
+    agent_tls: AgentTlsConfig | None = None
     metrics_path: str | None = None
     api_key_env: str | None = None
     # Most concurrent client requests the gateway sends this backend (0: no limit;
@@ -34,6 +51,10 @@ class BackendConfig:
     # Most choices (`n`) the engine really answers; 0: no limit. transformers serve ignores
     # `n` and answers one choice: `max_n: 1` routes `n > 1` elsewhere (or refuses it, 400).
     max_n: int = 0
+    # The engine kind (vllm, sglang, tgi, llama.cpp, transformers, openai) and the APIs the
+    # gateway sends it; a request for any other API never reaches it (`config/apis.py`).
+    engine: str = "vllm"
+    apis: tuple[str, ...] = APIS
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +63,15 @@ class GatewayConfig:
     port: int = 8080
     admin_token_env: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
+    # An idle keep-alive client connection is closed after this long (nginx's default;
+    # aiohttp's own is 3,630 s). Read at start, not on reload.
+    client_idle_timeout: float = 75.0
     workers: int = 1
     # Plain, stateless `/health` polling and round-robin: the chaos lab's baselines.
     mode: str = "pulsegate"
+    # One JSON line per client request (`observe/access_log.py`): "stdout" or a file path
+    # (absolute once loaded); None: off.
+    access_log: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +204,37 @@ class AlertsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ObservabilityConfig:
+    # OTLP/HTTP traces (`observe/traces.py`): the collector's URL (`http://host:4318`,
+    # `/v1/traces` added when the URL has no path); None: off.
+    otlp_endpoint: str | None = None
+    service_name: str = "pulsegate"  # the traces' `service.name`
+
+
+@dataclass(frozen=True, slots=True)
+class KeyConfig:
+    """One client key of the front door (`auth:`): its name, the sha256 of the key (never
+    the key itself), the models it may ask for and its limits (0: none)."""
+
+    name: str
+    # Lower-case hex sha256 of the key's UTF-8 bytes: from the file, or hashed at load from
+    # the variable `key_env` names. Not a secret, but kept out of reprs all the same.
+    sha256: str = field(repr=False)
+    models: tuple[str, ...] = ("*",)  # fnmatch globs
+    rpm: int = 0  # requests per minute
+    tpm: int = 0  # tokens (prompt + completion) per minute
+    concurrency: int = 0  # requests in flight at once
+    key_env: str | None = None  # the variable's name only
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    keys: tuple[KeyConfig, ...] = ()
+    # The file the keys were read from (`auth.keys_file`), re-read on every reload.
+    keys_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     backends: tuple[BackendConfig, ...]
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
@@ -186,6 +244,9 @@ class Config:
     retry: RetryConfig = field(default_factory=RetryConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    # The front door: client keys and their limits; None: no keys asked for.
+    auth: AuthConfig | None = None
 
     def backend(self, name: str) -> BackendConfig:
         for b in self.backends:

@@ -16,6 +16,7 @@ from pulsegate.config.schema import (
     Config,
     GatewayConfig,
     HealthConfig,
+    KeyConfig,
     ProbesConfig,
     WeightsConfig,
 )
@@ -52,6 +53,26 @@ def backend_problems(backends: Sequence[BackendConfig]) -> list[Problem]:
                 (f"backends[{i}].name", f"duplicate of backends[{seen[b.name]}] ({b.name})")
             )
         seen.setdefault(b.name, i)
+    return problems
+
+
+def key_problems(keys: Sequence[KeyConfig], where: str) -> list[Problem]:
+    """Two keys with one name or one key (the same digest), keys relative to the list
+    (``[2].name``); `where` is the list's own path, for the message."""
+    problems: list[Problem] = []
+    names: dict[str, int] = {}
+    digests: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        if k.name and k.name in names:
+            problems.append((f"[{i}].name", f"duplicate of {where}[{names[k.name]}] ({k.name})"))
+        names.setdefault(k.name, i)
+        if k.sha256 and k.sha256 in digests:
+            # Two names for one key: which name (and limits) a request has would be a
+            # matter of order. The message names the other entry, never the digest.
+            field = "key_env" if k.key_env else "sha256"
+            j = digests[k.sha256]
+            problems.append((f"[{i}].{field}", f"the same key as {where}[{j}] ({keys[j].name})"))
+        digests.setdefault(k.sha256, i)
     return problems
 
 

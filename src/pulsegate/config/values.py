@@ -8,8 +8,10 @@ path. `parse_duration` is public; the rest are private to the `pulsegate.config`
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
+from urllib.parse import urlsplit
 
 from pulsegate.config.schema import MAX_INFLIGHT_AUTO
 
@@ -175,3 +177,42 @@ def _min_ready(v: object) -> tuple[int, tuple[tuple[str, int], ...]]:
                 per.append((str(k), n))
         return default, tuple(per)
     raise ValueError(f"must be a non-negative integer or a mapping of model to integer, got {v!r}")
+
+
+def _access_log(base_dir: str | None) -> Callable[[object], str]:
+    """`stdout`, or a file path (relative to `base_dir`, the config file's directory) whose
+    directory exists; returned absolute, so a reopen after rotation finds the same file."""
+
+    def conv(v: object) -> str:
+        s = _str(v)
+        if s == "stdout":
+            return s
+        if not s.strip():
+            raise ValueError("must be stdout or a file path")
+        full = os.path.abspath(os.path.join(base_dir, s) if base_dir else s)
+        if os.path.isdir(full):
+            raise ValueError(f"{full} is a directory")
+        where = os.path.dirname(full)
+        if not os.path.isdir(where):
+            raise ValueError(f"directory {where} does not exist")
+        if not os.access(full if os.path.exists(full) else where, os.W_OK):
+            raise ValueError(f"{full} is not writable by this user")
+        return full
+
+    return conv
+
+
+def _otlp_endpoint(v: object) -> str:
+    """The collector's OTLP/HTTP URL; a URL without a path gets the traces path `/v1/traces`
+    (what OTEL_EXPORTER_OTLP_ENDPOINT means), one with a path is used as written."""
+    s = _url_any(v)
+    try:
+        u = urlsplit(s)
+        u.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        raise ValueError("must be a URL like http://collector:4318") from None
+    if "@" in u.netloc:
+        raise ValueError("must not carry credentials (user:password@)")
+    if not u.hostname:
+        raise ValueError("must be a URL like http://collector:4318")
+    return s.rstrip("/") + "/v1/traces" if u.path in ("", "/") else s

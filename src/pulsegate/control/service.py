@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from pulsegate.clock import Clock
-from pulsegate.config import Config
+from pulsegate.config import AgentTlsConfig, Config
 from pulsegate.control.metrics import HealthMetrics, Samples, ready_counts
 from pulsegate.health.events import Transition
 from pulsegate.health.fleet import Fleet, Reconfigured
@@ -200,6 +200,7 @@ class HealthService:
             rng=self.rng,
             clock=self.clock,
             token=token,
+            tls=_agent_tls(self.config, name),
         )
         self.heartbeats[name] = hb
         tasks.spawn(hb.run(), f"heartbeat-{name}")
@@ -243,6 +244,7 @@ class HealthService:
                     or name in change.restarted
                     or probes_changed
                     or _token_env(old, name) != _token_env(cfg, name)
+                    or _agent_tls(old, name) != _agent_tls(cfg, name)
                 ):
                     del self.heartbeats[name]
                     tasks.spawn(hb.close(), f"heartbeat-close-{name}")
@@ -302,6 +304,11 @@ class HealthService:
 
     def names(self) -> Iterable[str]:
         return self.fleet.names()
+
+
+def _agent_tls(cfg: Config, name: str) -> AgentTlsConfig | None:
+    """Backend `name`'s `agent_tls` in `cfg` (a change restarts its heartbeat client)."""
+    return next((b.agent_tls for b in cfg.backends if b.name == name), None)
 
 
 def _token_env(cfg: Config, name: str) -> str | None:

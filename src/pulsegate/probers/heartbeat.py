@@ -11,7 +11,7 @@ stream to it and reports, through ``emit(name, observation)``:
   ``"backpressure"`` (the ping could not be written at its tick: the agent's flow-control
   window or our socket buffer is full), ``"stream_broken"`` (the stream failed: each ping
   it swallowed, or the break itself when none was outstanding), ``"disconnected"`` (one
-  per interval while there is no stream);
+  per interval while there is no stream), ``"tls"`` (the same, when TLS is why: see below);
 - `ProbeResult(MICRO, ...)` for the micro-inference the agent runs on its local engine
   every ``micro.interval`` + U(0, ``micro.jitter``) seconds (3-5 s by default), requested
   inside the stream; nothing when the engine was merely busy (429) or the stream was down
@@ -39,6 +39,16 @@ backoff (50 ms doubling to 2 s, each delay drawn from [d/2, d]). A reconnect wit
 miss budget is therefore no ejection. A stream with no pong for `stale_after` seconds
 (a half-open TCP connection) is abandoned and re-dialled.
 
+TLS (`agent_tls`): each dial builds the client context from the files (`agent.tls`: so a
+rotated certificate is used from the next stream on) and shakes hands within the connect
+timeout. A failure there - a certificate that does not verify or name the agent, no ALPN
+h2, an agent that drops the connection right after the handshake (it refused our client
+certificate: TLS 1.3 says so only after the client's side is done) or before HTTP/2
+began (a plaintext client at a TLS-only agent), a file gone unreadable - is reported as
+``"tls"`` misses instead of ``"stream_broken"`` / ``"disconnected"``, so the metric says
+what to fix. It is logged when it starts or its text changes, not at every retry, and
+never falls back to plaintext.
+
 If the gateway's own event loop stalls (`pulsegate.stall`), the deadline is pushed back by
 the stall, and a deadline that fires late is re-checked 2 ms later, after pongs already
 received have been read: a gateway pause must not eject every backend.
@@ -53,7 +63,8 @@ Cost: the stream is `agent.grpc_lite.GrpcStream` (gRPC framing written straight 
 socket) rather than grpc.aio, whose per-message overhead cost 14 % of a core for 100
 agents against about 4.5 % here (bench/heartbeat_cost.py, on uvloop). Ticks are timer
 callbacks, not tasks; per ping: one timer, one socket write, one pong parse; the decoded
-`EngineFacts` is reused while the agent's facts have not changed.
+`EngineFacts` is reused while the agent's facts have not changed. Over mutual TLS each
+ping and pong is also one TLS record: about 1.9x the plaintext CPU (`--tls` of the bench).
 """
 
 from __future__ import annotations
@@ -64,10 +75,11 @@ import logging
 import random
 from collections.abc import Callable
 
-from pulsegate.agent.grpc_lite import GrpcStream, open_stream, split_target
+from pulsegate.agent.grpc_lite import GrpcStream, TlsFailure, open_stream, split_target
+from pulsegate.agent.tls import TlsSetupError, client_context
 from pulsegate.agent.wire import SERVICE_NAME, facts_from_pong, pb
 from pulsegate.clock import Clock, Handle
-from pulsegate.config import HeartbeatConfig, MicroInferenceConfig
+from pulsegate.config import AgentTlsConfig, HeartbeatConfig, MicroInferenceConfig
 from pulsegate.health.observations import (
     EngineFacts,
     Heartbeat,
@@ -91,7 +103,8 @@ class HeartbeatClient:
     """Pings one agent over one long-lived stream and emits what it learns.
 
     `token`, when given, is presented on every stream (``authorization: Bearer ...``); an
-    agent that refuses it ends each stream at once, which reads as misses.
+    agent that refuses it ends each stream at once, which reads as misses. `tls`, when
+    given, is the backend's `agent_tls`: every stream is TLS, never plaintext.
     `run()` returns only after `close()`; it never raises for anything the agent or the
     network does. `clock` is the one time source: it stamps pings and pongs and times the
     cadence, the deadlines and the backoff. `rng` draws the micro-inference jitter and the
@@ -110,6 +123,7 @@ class HeartbeatClient:
         clock: Clock,
         stale_after: float | None = None,
         token: str | None = None,
+        tls: AgentTlsConfig | None = None,
     ) -> None:
         self.name = name
         # The agent's shared token (`agent_token_env`), sent as metadata on every stream;
@@ -119,6 +133,9 @@ class HeartbeatClient:
         )
         self.target = target
         self._host, self._port = split_target(target)
+        self.tls = tls
+        self._down_reason = "disconnected"  # or "tls": the reason of each miss while down
+        self._failure: str | None = None  # the last dial failure logged (logged on change)
         self.cfg = cfg
         self.micro = micro
         self._emit_cb = emit
@@ -148,7 +165,8 @@ class HeartbeatClient:
 
     def __repr__(self) -> str:  # never the token
         token = "set" if self._metadata else "none"
-        return f"HeartbeatClient({self.name!r}, {self.target!r}, token={token})"
+        tls = "none" if self.tls is None else "mtls" if self.tls.cert else "tls"
+        return f"HeartbeatClient({self.name!r}, {self.target!r}, token={token}, tls={tls})"
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -178,22 +196,7 @@ class HeartbeatClient:
         assert self._stop is not None
         attempt = 0
         while not self._stop.done():
-            try:
-                stream: GrpcStream | None = await open_stream(
-                    self._host,
-                    self._port,
-                    STREAM_PATH,
-                    self._on_message,
-                    self._on_closed,
-                    connect_timeout=CONNECT_TIMEOUT_S,
-                    metadata=self._metadata,
-                )
-            except (OSError, TimeoutError) as e:
-                if attempt == 0:
-                    log.warning(
-                        "heartbeat %s: cannot reach agent %s: %s", self.name, self.target, e
-                    )
-                stream = None
+            stream = await self._dial()
             if self._tick_handle is None:  # the cadence starts once the first dial is decided
                 self._next_tick = self._clock.now()
                 self._tick_handle = self._clock.call_later(0, self._tick)
@@ -203,7 +206,9 @@ class HeartbeatClient:
                 stream.abort("closing")  # no-op when it is over already
                 if self._stop.done():
                     return
-                if self._last_stream_good:
+                if stream.tls_failure is not None:
+                    self._failed("tls", f"TLS with agent {self.target}: {stream.tls_failure}")
+                elif self._last_stream_good:
                     log.warning(
                         "heartbeat %s: stream lost (%s), reconnecting",
                         self.name,
@@ -213,6 +218,46 @@ class HeartbeatClient:
             attempt += 1
             d = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(attempt - 1, 16))
             await wait_future(self._clock, self._stop, d * (0.5 + 0.5 * self._rng.random()))
+
+    async def _dial(self) -> GrpcStream | None:
+        """One connection attempt (TCP, then TLS when configured); None when it failed, the
+        reason and the log line decided here."""
+        ctx, name = None, None
+        if self.tls is not None:
+            try:  # read at each dial: rotated files are picked up (a few KB, once a stream)
+                ctx = client_context(self.tls.ca, self.tls.cert, self.tls.key)
+            except TlsSetupError as e:
+                self._failed("tls", f"agent_tls.{e.role}: {e}")
+                return None
+            name = self.tls.server_name
+        try:
+            return await open_stream(
+                self._host,
+                self._port,
+                STREAM_PATH,
+                self._on_message,
+                self._on_closed,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                metadata=self._metadata,
+                tls=ctx,
+                server_name=name,
+            )
+        except TlsFailure as e:
+            self._failed("tls", f"TLS with agent {self.target} failed: {e}")
+        except TimeoutError:
+            what = "connect or TLS handshake" if ctx is not None else "connect"
+            self._failed("disconnected", f"cannot reach agent {self.target}: {what} timed out")
+        except OSError as e:
+            self._failed("disconnected", f"cannot reach agent {self.target}: {e}")
+        return None
+
+    def _failed(self, reason: str, message: str) -> None:
+        """The agent cannot be talked to: misses say `reason` until a stream answers; the
+        message is logged when it differs from the last one (not at every retry)."""
+        self._down_reason = reason
+        if message != self._failure:
+            self._failure = message
+            log.warning("heartbeat %s: %s", self.name, message)
 
     @property
     def connected(self) -> bool:
@@ -236,9 +281,12 @@ class HeartbeatClient:
         was_good = self._last_stream_good = self._stream_good
         n = self._pings.detach()
         self._micro.drop()
+        reason = "stream_broken" if stream.tls_failure is None else "tls"
+        if stream.tls_failure is not None:
+            self._down_reason = "tls"
         if not self._closing:
             for _ in range(max(n, 1 if was_good else 0)):
-                self._emit(Heartbeat(None, reason="stream_broken"))
+                self._emit(Heartbeat(None, reason=reason))
 
     def _shutdown(self) -> None:
         if self._stream is not None:
@@ -270,7 +318,7 @@ class HeartbeatClient:
         self._tick_handle = clock.call_at(self._next_tick, self._tick)
         stream = self._stream
         if stream is None:
-            self._emit(Heartbeat(None, reason="disconnected"))
+            self._emit(Heartbeat(None, reason=self._down_reason))
             return
         if now - max(self._last_pong_at, self._stream_started) > self._stale_after:
             log.warning(
@@ -304,7 +352,8 @@ class HeartbeatClient:
         sent_at = self._pings.answered(pong.seq)
         if sent_at is None:
             return  # already counted as a miss (late)
-        self._stream_good = True
+        if not self._stream_good:  # answered: whatever failed before is over
+            self._stream_good, self._down_reason, self._failure = True, "disconnected", None
         rtt = now - pong.echo_send_ns / 1e9
         if rtt < 0:  # an agent that does not echo faithfully: trust our own record
             rtt = now - sent_at
