@@ -1,4 +1,4 @@
-"""The one entry point: `pulsegate serve|reload|demo|sim|agent|status|check`.
+"""The one entry point: `pulsegate serve|reload|demo|sim|agent|status|check|key`.
 
 Each subcommand imports its module lazily so `pulsegate check` stays fast and a missing
 optional dependency only breaks the command that needs it.
@@ -69,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-streams", type=int, default=16, help="most heartbeat streams open at once"
     )
+    s.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve TLS only")
+    s.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    s.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="PEM CA: require a client certificate it signed (mutual TLS)",
+    )
 
     s = sub.add_parser("status", help="table of backends")
     s.add_argument("--url", default="http://127.0.0.1:8080")
@@ -77,7 +84,33 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("check", help="validate a config file")
     s.add_argument("-c", "--config", required=True)
+
+    s = sub.add_parser("key", help="client keys of the front door (auth:)")
+    ks = s.add_subparsers(dest="key_cmd", required=True)
+    k = ks.add_parser("new", help="print a fresh key once, and its keys-file entry (sha256 only)")
+    k.add_argument("name", help="the key's name (metrics, access log, errors show it)")
+    k.add_argument("--models", nargs="+", default=[], metavar="M", help="model globs allowed")
+    k.add_argument("--rpm", type=int, default=0, help="requests per minute (0: no limit)")
+    k.add_argument("--tpm", type=int, default=0, help="tokens per minute (0: no limit)")
     return p
+
+
+def _key_new(name: str, models: list[str], rpm: int, tpm: int) -> int:
+    from pulsegate.config.values import _NAME
+    from pulsegate.front.keys import entry_yaml, new_key
+
+    if not _NAME.match(name) or rpm < 0 or tpm < 0:
+        print(
+            "error: NAME must be 1-63 letters, digits, '_', '.' or '-'; --rpm and --tpm >= 0",
+            file=sys.stderr,
+        )
+        return 2
+    key = new_key()
+    # The key goes to stdout once, never to a file or log; the entry holds its digest only.
+    print(f"key (shown once, give it to the client): {key}")
+    print("keys-file entry (paste under `keys:`):")
+    print(entry_yaml(name, key, models, rpm, tpm))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
             for err in e.errors:
                 print(f"error: {err}", file=sys.stderr)
             return 2
-        print(f"ok: {len(cfg.backends)} backend(s)")
+        keys = f", {len(cfg.auth.keys)} client key(s)" if cfg.auth is not None else ""
+        print(f"ok: {len(cfg.backends)} backend(s){keys}")
         return 0
+    if args.cmd == "key":
+        return _key_new(args.name, args.models, args.rpm, args.tpm)
     if args.cmd == "serve":
         from pulsegate.server import serve
 
@@ -129,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                 token_env=args.token_env,
                 micro_timeout=args.micro_timeout,
                 max_streams=args.max_streams,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                tls_client_ca=args.tls_client_ca,
             )
         )
     if args.cmd == "status":

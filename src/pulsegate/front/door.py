@@ -1,0 +1,205 @@
+"""The front door (`auth:`): who is asking, may they ask for this model, and is it too often.
+
+`FrontDoor` implements `proxy.exchange.Door` over a `KeyRing` (the keys in force, by
+digest) and a `LimitStore` (their buckets). Per request:
+
+- `identify` (before the body is read): the presented key's digest names the caller, or
+  the answer is 401 `invalid_api_key`. It sets `ex.key` (the name) and `ex.ticket`, so the
+  forwarder calls `settle` for every request a known key made, refused or not, and
+  `pulsegate_key_requests_total` counts them all.
+- `admit` (after the parse): the model against the key's globs (403 `model_not_allowed`),
+  then one request and the prompt's estimated tokens from the store (429 `rate_limited`
+  with `Retry-After`). The `x-ratelimit-*` headers go on the refusal and on the answer.
+- `settle` (when the request ends): frees the slot in flight and corrects the tokens by
+  the answer's usage.
+
+Prompt tokens are estimated as body bytes / 4: OpenAI's rule of thumb for English is ~4
+characters a token (cl100k measures ~4.2), and the JSON envelope (`{"model": ...,
+"messages": [{"role": ...`, ~60 bytes) counts too, so ordinary prompts are over-estimated
+by a few tokens, on the safe side; CJK text (3 bytes a character, about one token each) is
+under-estimated ~3x until `settle` charges the difference. Completion tokens are only
+known at the end and are charged then.
+
+Nothing secret leaves here: errors name no key, the metrics and `ex.key` carry the key's
+name, and the key itself is never stored (only its digest, in the ring).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from pulsegate.config import Config
+from pulsegate.front.keys import Caller, KeyRing, presented
+from pulsegate.front.limits import Grant, LimitStore, LocalLimits, Quota
+from pulsegate.proxy.exchange import Exchange
+from pulsegate.proxy.metrics import ProxyMetrics
+from pulsegate.proxy.request import ProxyRequest, Rejection
+
+BYTES_PER_TOKEN = 4
+# The label of refusals that have no key name (no key, an unknown key): not a valid name.
+NO_KEY = "-"
+
+_MISSING = Rejection(
+    401,
+    "missing API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
+    "invalid_api_key",
+)
+_UNKNOWN = Rejection(401, "invalid API key", "invalid_api_key")
+
+
+class Ticket:
+    """What the door knows of one request of a known key (`ex.ticket`)."""
+
+    __slots__ = ("admitted", "caller", "estimate")
+
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
+        self.admitted = False
+        self.estimate = 0
+
+
+class FrontDoor:
+    def __init__(self, ring: KeyRing, store: LimitStore, metrics: ProxyMetrics) -> None:
+        self.ring = ring
+        self.store = store
+        self._requests = metrics.key_requests
+        self._tokens = metrics.key_tokens
+        self._rejections = metrics.key_rejections
+
+    def identify(self, headers: Mapping[str, str], ex: Exchange) -> Rejection | None:
+        key = presented(headers)
+        if key is None:
+            self._rejections.inc((NO_KEY, "missing_key"))
+            return _MISSING
+        caller = self.ring.find(key)
+        if caller is None:
+            self._rejections.inc((NO_KEY, "unknown_key"))
+            return _UNKNOWN
+        ex.key = caller.name
+        # A key without limits needs no per-request state: its Caller is the ticket.
+        ex.ticket = Ticket(caller) if caller.limited else caller
+        return None
+
+    def listing(self, headers: Mapping[str, str]) -> Rejection | Callable[[str], bool]:
+        """`GET /v1/models` needs a key too, and lists only the models the key may use."""
+        key = presented(headers)
+        caller = self.ring.find(key) if key is not None else None
+        if caller is None:
+            reason = "missing_key" if key is None else "unknown_key"
+            self._rejections.inc((NO_KEY, reason))
+            return _MISSING if key is None else _UNKNOWN
+        return caller.models.allows
+
+    def admit(self, req: ProxyRequest, ex: Exchange, now: float) -> Rejection | None:
+        t = ex.ticket
+        if type(t) is Ticket:
+            c = t.caller
+        elif type(t) is Caller:
+            c = t
+        else:  # never identified: closed, not open
+            return _UNKNOWN
+        m = c.models
+        if not m.all and not m.allows(req.model):
+            self._rejections.inc((c.name, "model_not_allowed"))
+            return Rejection(
+                403, f"key '{c.name}' may not use model '{req.model}'", "model_not_allowed"
+            )
+        if type(t) is not Ticket:
+            return None  # no limits: nothing to take, nothing to settle
+        q = c.quota
+        estimate = len(req.body) // BYTES_PER_TOKEN if q.tpm else 0
+        g = self.store.admit(c.name, q, estimate, now)
+        headers = rate_headers(q, g)
+        if not g.ok:
+            self._rejections.inc((c.name, g.reason))
+            wait = max(1, math.ceil(g.retry_after))
+            headers["retry-after"] = str(wait)
+            # The openai and anthropic clients read this first: a 0.2 s wait is not 1 s.
+            headers["retry-after-ms"] = str(max(1, math.ceil(g.retry_after * 1000)))
+            return Rejection(429, _over(c.name, q, g.reason, wait), "rate_limited", headers)
+        t.admitted = True
+        t.estimate = estimate
+        ex.reply_headers = headers
+        return None
+
+    def settle(self, ex: Exchange, now: float) -> None:
+        t = ex.ticket
+        if type(t) is Ticket:
+            c = t.caller
+        elif type(t) is Caller:
+            c = t
+        else:
+            return
+        self._requests.inc(c.code(ex.status))
+        tin, tout = ex.tokens_in, ex.tokens_out
+        if tin is not None:
+            self._tokens.inc(c.prompt, tin)
+        if tout is not None:
+            self._tokens.inc(c.completion, tout)
+        if type(t) is Ticket and t.admitted:
+            q = c.quota
+            used = (t.estimate if tin is None else tin) + (tout or 0)
+            # Only a slot in flight or a token count has anything to settle.
+            if q.concurrency or (q.tpm and used != t.estimate):
+                self.store.settle(c.name, q, used - t.estimate, now)
+
+
+def rate_headers(q: Quota, g: Grant) -> dict[str, str]:
+    """OpenAI's `x-ratelimit-*` headers for the limits `q` has, after grant `g`: the limit,
+    what is left (whole units) and the time until the bucket is full again."""
+    rpm, tpm = q.rpm, q.tpm
+    if rpm:
+        level = g.requests
+        h = {
+            "x-ratelimit-limit-requests": str(rpm),
+            "x-ratelimit-remaining-requests": str(int(level)) if level > 0 else "0",
+            "x-ratelimit-reset-requests": duration((rpm - level) * 60.0 / rpm),
+        }
+    else:
+        h = {}
+    if tpm:
+        level = g.tokens
+        h["x-ratelimit-limit-tokens"] = str(tpm)
+        h["x-ratelimit-remaining-tokens"] = str(int(level)) if level > 0 else "0"
+        h["x-ratelimit-reset-tokens"] = duration((tpm - level) * 60.0 / tpm)
+    return h
+
+
+def duration(s: float) -> str:
+    """Seconds as OpenAI writes them in `x-ratelimit-reset-*` ("20ms", "1.5s", "6m0s"),
+    rounded up to whole milliseconds (integer arithmetic: `round(x, 3)` costs ~4x more)."""
+    ms = math.ceil(s * 1000.0)
+    if ms < 1000:
+        return f"{ms}ms" if ms > 0 else "0s"
+    m, ms = divmod(ms, 60_000)
+    # An int over 1000 prints with at most 3 decimals (the shortest repr of n / 1000).
+    sec = f"{ms // 1000}" if ms % 1000 == 0 else f"{ms / 1000}"
+    return f"{m}m{sec}s" if m else f"{sec}s"
+
+
+def _over(name: str, q: Quota, reason: str, wait: int) -> str:
+    what = {
+        "rpm": f"{q.rpm} requests per minute",
+        "tpm": f"{q.tpm} tokens per minute",
+        "concurrency": f"{q.concurrency} requests at once",
+    }[reason]
+    return f"key '{name}' is over its limit of {what}; retry in {wait}s"
+
+
+def front_door(
+    cfg: Config, metrics: ProxyMetrics, now: float, old: FrontDoor | None = None
+) -> FrontDoor | None:
+    """The door `cfg.auth` describes, or None without `auth:`. With `old` (a reload) the
+    store carries over, retuned: keys whose limits are unchanged keep their counters.
+    With `gateway.workers` N > 1 each worker enforces 1/N of every limit (`Quota.share`)."""
+    if cfg.auth is None:
+        return None
+    ring = KeyRing(cfg.auth.keys, cfg.gateway.workers)
+    if old is None:
+        return FrontDoor(ring, LocalLimits(ring.quotas, now), metrics)
+    old.store.retune(ring.quotas, now)
+    return FrontDoor(ring, old.store, metrics)
+
+
+__all__ = ["BYTES_PER_TOKEN", "NO_KEY", "FrontDoor", "Ticket", "duration", "front_door"]
