@@ -10,6 +10,7 @@ backend judged the request itself bad (a 4xx), which is final.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import orjson
@@ -20,6 +21,7 @@ from pulsegate.clock import Clock
 from pulsegate.health.observations import Outcome, RequestResult
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
 from pulsegate.proxy.errors import error_body
+from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.ports import Outcomes
 from pulsegate.proxy.resume import token_count, tokenize_request
@@ -53,8 +55,13 @@ class Opened:
     first: bytes
 
 
+# The tracer's hook (`observe/traces.py`): the headers that carry this attempt's trace
+# context upstream (`traceparent`); the attempt is the exchange's last.
+TraceHeaders = Callable[[Exchange, Target], Mapping[str, str]]
+
+
 class AttemptOpener:
-    __slots__ = ("_clock", "_metrics", "_outcomes", "_state", "_upstream")
+    __slots__ = ("_clock", "_metrics", "_outcomes", "_state", "_upstream", "trace")
 
     def __init__(
         self,
@@ -69,13 +76,21 @@ class AttemptOpener:
         self._outcomes = outcomes
         self._metrics = metrics
         self._clock = clock
+        self.trace: TraceHeaders | None = None  # set while tracing is on
 
     async def open(
-        self, target: Target, path: str, body: bytes, stream: bool, deadline: float
+        self,
+        target: Target,
+        path: str,
+        body: bytes,
+        stream: bool,
+        deadline: float,
+        ex: Exchange | None = None,
     ) -> Opened | Failure:
         """Send the request and wait for its first byte (at most `deadline` seconds of our
         running time): a stream's first chunk, or a non-streamed answer whole. Reports the
-        outcome to the health core."""
+        outcome to the health core. `ex`: the client's exchange, whose last attempt this is
+        (for the tracer's `traceparent`)."""
         state = self._state
         name = target.name
         now = self._clock.now
@@ -84,12 +99,14 @@ class AttemptOpener:
         got_headers = False
         resp: Response | None = None
         pool = self._upstream.pool(name, target.url, target.headers)
+        trace = self.trace
+        extra = None if trace is None or ex is None else trace(ex, target)
         try:
             async with asyncio.timeout(deadline) as cm:
                 # Registered so an ejection of this backend cuts the wait at once: nothing
                 # has reached the client yet, so the request just moves on.
                 state.watch_pending(name, cm)
-                resp = await pool.post(path, body)
+                resp = await pool.post(path, body, extra)
                 got_headers = True
                 if resp.status >= 400:
                     state.unwatch_pending(name, cm)  # it reports (and may eject) itself

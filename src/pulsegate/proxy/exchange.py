@@ -14,7 +14,7 @@ limits, and is told when the request ends so it can correct the tokens it estima
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -65,6 +65,9 @@ class Exchange:
     reply_headers: Mapping[str, str] | None = None
     # What the door admitted, handed back to it at the end.
     ticket: object = None
+    # The tracer's ids for this request (`observe/traces.py`), made at its first upstream
+    # attempt so the backend gets a `traceparent`; None: not traced.
+    trace: object = None
 
     def attempt(self, backend: str, now: float, resume: bool = False) -> Attempt:
         a = Attempt(backend, now, resume=resume)
@@ -92,6 +95,10 @@ class Door(Protocol):
 
     def settle(self, ex: Exchange, now: float) -> None:
         """The admitted exchange ended: release what `admit` took, correct the tokens."""
+        ...
+
+    def listing(self, headers: Mapping[str, str]) -> Rejection | Callable[[str], bool]:
+        """`GET /v1/models`: the caller's model allow-list, or a 401."""
         ...
 
 

@@ -13,13 +13,34 @@ from pulsegate.observe.metrics import Counter, Gauge, Histogram, Registry
 
 
 class ProxyMetrics:
-    __slots__ = ("queued", "request_seconds", "requests", "resumes", "retries", "ttft")
+    __slots__ = (
+        "access_log_dropped",
+        "api_requests",
+        "key_rejections",
+        "key_requests",
+        "key_tokens",
+        "queued",
+        "request_seconds",
+        "requests",
+        "resumes",
+        "retries",
+        "traces_dropped",
+        "ttft",
+    )
 
     def __init__(self, r: Registry) -> None:
         self.requests: Counter = r.counter(
             "pulsegate_requests_total",
             "Client request attempts by backend, model and status code",
             ("backend", "model", "code"),
+        )
+        # One per client request (not per attempt) by API and the status the client got:
+        # the per-API view; `pulsegate_requests_total` keeps its labels (dashboards, alerts).
+        self.api_requests: Counter = r.counter(
+            "pulsegate_api_requests_total",
+            "Client requests by API (chat, completions, responses, embeddings, messages, "
+            "rerank, score, tokenize, detokenize) and the status the client got",
+            ("api", "code"),
         )
         self.request_seconds: Histogram = r.histogram(
             "pulsegate_request_seconds", "Time from request to response headers or final error"
@@ -36,6 +57,31 @@ class ProxyMetrics:
         self.queued: Counter = r.counter(
             "pulsegate_queued_total", "Requests that waited for a backend with free capacity"
         )
+        # The front door's (`auth:`, `front/door.py`): labelled by the key's name, never the key.
+        self.key_requests: Counter = r.counter(
+            "pulsegate_key_requests_total",
+            "Requests by client key name and the status the client got",
+            ("key", "code"),
+        )
+        self.key_tokens: Counter = r.counter(
+            "pulsegate_key_tokens_total",
+            "Tokens by client key name, from the answers' usage (prompt, completion)",
+            ("key", "kind"),
+        )
+        # The access log's and the tracer's (`observe/access_log.py`, `observe/traces.py`).
+        self.access_log_dropped: Counter = r.counter(
+            "pulsegate_access_log_dropped_total",
+            "Access log lines dropped: the disk did not keep up or a write failed",
+        )
+        self.traces_dropped: Counter = r.counter(
+            "pulsegate_traces_dropped_total",
+            "Requests not traced: the OTLP export queue was full",
+        )
+        self.key_rejections: Counter = r.counter(
+            "pulsegate_key_rejections_total",
+            "Requests the front door refused, by key name ('-': none or unknown) and reason",
+            ("key", "reason"),
+        )
 
     @property
     def summed(self) -> tuple[Counter | Histogram, ...]:
@@ -47,6 +93,12 @@ class ProxyMetrics:
             self.retries,
             self.resumes,
             self.queued,
+            self.api_requests,
+            self.key_requests,
+            self.key_tokens,
+            self.key_rejections,
+            self.access_log_dropped,
+            self.traces_dropped,
         )
 
 

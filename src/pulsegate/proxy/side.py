@@ -13,6 +13,9 @@ from collections.abc import Mapping
 
 from pulsegate.clock import Clock
 from pulsegate.config import Config
+from pulsegate.front.door import FrontDoor, front_door
+from pulsegate.observe.recording import Recording
+from pulsegate.proxy.affinity import ResponseAffinity
 from pulsegate.proxy.attempt import AttemptOpener
 from pulsegate.proxy.budget import RetryBudget
 from pulsegate.proxy.exchange import Door, Recorder
@@ -45,12 +48,19 @@ class ProxySide:
         self.targets: Mapping[str, Target] = {b.name: target(b) for b in config.backends}
         self.upstream = Upstream(config.retry.connect_timeout, now=clock.now)
         self._opener = AttemptOpener(self.upstream, state, outcomes, metrics, clock)
-        # The front door (`auth:`) and who is told of each finished request (access log,
-        # traces): set by whoever composes the process, before `start`.
-        self.door: Door | None = None
-        self.recorders: tuple[Recorder, ...] = ()
+        # The front door (`auth:`, `front/door.py`; rebuilt by a reload) and who is told of
+        # each finished request (access log, traces): set by whoever composes the process,
+        # before `start`.
+        self._front: FrontDoor | None = front_door(config, metrics, clock.now())
+        self.door: Door | None = self._front
+        # The access log and the tracer (`gateway.access_log`, `observability`), followed
+        # across reloads; `recorders` adds them to whatever else is told.
+        self.recording = Recording(config, verdicts, metrics, self._opener)
+        self.recorders: tuple[Recorder, ...] = self.recording.recorders
+        self.affinity = ResponseAffinity()  # response id -> backend, kept across reloads
 
     def start(self) -> Forwarder:
+        self.recording.start()
         self.forwarder = self._forwarder(retry_budget(self.config, self.clock.now()))
         return self.forwarder
 
@@ -68,6 +78,7 @@ class ProxySide:
             budget,
             self.door,
             self.recorders,
+            self.affinity,
         )
 
     def reconfigure(self, cfg: Config, router: Router) -> None:
@@ -81,10 +92,22 @@ class ProxySide:
                 self.upstream.retire(name)
         self.targets = targets
         self.proxy.reconfigure(targets, router, self.verdicts, cfg.routing.queue_max)
+        mine = self.recording.recorders
+        self.recording.reconfigure(cfg)  # reopens the access log: a reload is a rotation too
+        others = tuple(r for r in self.recorders if r not in mine)
+        self.recorders = (*others, *self.recording.recorders)
+        if self.door is self._front:  # not replaced by whoever composed the process
+            self._front = front_door(cfg, self.metrics, self.clock.now(), self._front)
+            self.door = self._front
         budget = self.forwarder.budget
         if cfg.retry != old.retry:
             budget = retry_budget(cfg, self.clock.now())
         self.forwarder = self._forwarder(budget)
 
+    def reopen_logs(self) -> None:
+        """SIGUSR1: the access log's file was rotated."""
+        self.recording.reopen()
+
     async def close(self) -> None:
+        await self.recording.close()
         await self.upstream.close()

@@ -122,12 +122,18 @@ class Pool:
     def idle(self) -> int:
         return sum(1 for c in self._idle if not c.closed)
 
-    async def post(self, path: str, body: bytes) -> Response:
-        """POST `body` to the backend URL + `path`; returns once the headers arrived."""
+    async def post(
+        self, path: str, body: bytes, extra: Mapping[str, str] | None = None
+    ) -> Response:
+        """POST `body` to the backend URL + `path`; returns once the headers arrived.
+        `extra`: headers for this request only (the tracer's `traceparent`)."""
         head = self._heads.get(path)
         if head is None:
             head = self._head(path)
-        head = head + b"%d\r\n\r\n" % len(body)
+        if extra is None:
+            head = head + b"%d\r\n\r\n" % len(body)
+        else:
+            head = head + b"%d\r\n" % len(body) + _extra_head(extra)
         conn = self._take()
         if conn is not None:
             self.reuses += 1
@@ -236,6 +242,18 @@ class Pool:
         self._idle.clear()
         for conn in list(self._conns):
             conn.abort()
+
+
+def _extra_head(extra: Mapping[str, str]) -> bytes:
+    """`extra` as request-head lines, and the head's end; a line break in one is refused
+    (it would smuggle a header or a request)."""
+    lines = []
+    for k, v in extra.items():
+        if "\r" in k or "\n" in k or "\r" in v or "\n" in v:
+            raise ValueError(f"header {k!r} contains a line break")
+        lines.append(f"{k}: {v}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode("latin-1")
 
 
 class Upstream:

@@ -72,7 +72,8 @@ class Engine:
         self.client_requests_total = 0
         self.probe_requests_total = 0
         self.last_client_request_wall: float | None = None
-        self.arrivals: deque[tuple[float, str]] = deque(maxlen=ARRIVALS_KEPT)
+        # (wall, path, the W3C `traceparent` header if any: the gateway's trace propagation)
+        self.arrivals: deque[tuple[float, str, str | None]] = deque(maxlen=ARRIVALS_KEPT)
         self.inflight = 0  # accepted and not yet answered, hung ones included
         # outcomes
         self.request_success_total = 0
@@ -81,7 +82,9 @@ class Engine:
 
     # ---- arrivals ----
 
-    def arrive(self, path: str, *, probe: bool, wall: float) -> None:
+    def arrive(
+        self, path: str, *, probe: bool, wall: float, traceparent: str | None = None
+    ) -> None:
         """Count an inference request as it arrives (before its body is read)."""
         self.requests_total += 1
         self.inflight += 1
@@ -90,7 +93,7 @@ class Engine:
         else:
             self.client_requests_total += 1
             self.last_client_request_wall = wall
-            self.arrivals.append((wall, path))
+            self.arrivals.append((wall, path, traceparent))
 
     def depart(self) -> None:
         """The request is answered, failed or abandoned."""
@@ -175,4 +178,8 @@ class Engine:
 
     def recent_arrivals(self, since: float | None = None) -> list[dict[str, Any]]:
         """Client arrivals kept in the ring, oldest first, optionally only after ``since``."""
-        return [{"t": t, "path": p} for t, p in self.arrivals if since is None or t > since]
+        return [
+            {"t": t, "path": p} if tp is None else {"t": t, "path": p, "traceparent": tp}
+            for t, p, tp in self.arrivals
+            if since is None or t > since
+        ]
