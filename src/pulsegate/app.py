@@ -1,4 +1,9 @@
-"""The gateway's HTTP surface: OpenAI endpoints, health, metrics, admin and dashboard."""
+"""The gateway's HTTP surface: OpenAI endpoints, health, metrics, admin and dashboard.
+
+Every proxied path (`proxy.request.API`: chat, completions, responses, embeddings, Anthropic
+messages, rerank, score, tokenize, detokenize, with vLLM's aliases) goes through the same
+`Forwarder.handle`; an error answer leaves in its API's shape (`errors.reshape`).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,10 @@ from pulsegate.admin import READ_METHODS, Admin, browser_refusal
 from pulsegate.config import Config
 from pulsegate.observe.dashboard import register as register_dashboard
 from pulsegate.observe.view import GatewayView
-from pulsegate.proxy.errors import error_response
+from pulsegate.proxy.errors import error_response, reshape
 from pulsegate.proxy.forward import Forwarder
 from pulsegate.proxy.ports import Verdicts
-from pulsegate.proxy.request import CHAT, COMPLETIONS
+from pulsegate.proxy.request import API, Rejection
 from pulsegate.proxy.state import ProxyState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -82,27 +87,34 @@ def build_app(
 
         state = side.proxy
 
-        async def chat(request: web.Request) -> web.StreamResponse:
-            resp = await side.forwarder.handle(request, CHAT)
-            if state.shutting_down:
-                resp.force_close()  # a stream said so when it began (`relay.py`)
-            return resp
+        def proxied(path: str) -> Handler:
+            api = API[path]
 
-        async def completions(request: web.Request) -> web.StreamResponse:
-            resp = await side.forwarder.handle(request, COMPLETIONS)
-            if state.shutting_down:
-                resp.force_close()
-            return resp
+            async def handle(request: web.Request) -> web.StreamResponse:
+                resp = reshape(await side.forwarder.handle(request, path), api)
+                if state.shutting_down:
+                    resp.force_close()  # a stream said so when it began (`relay.py`)
+                return resp
+
+            return handle
 
         async def models(request: web.Request) -> web.StreamResponse:
             names = tuple(sorted(side.verdicts.models()))
+            door = side.forwarder.door
+            if door is not None:  # with `auth`: a key, and only the models it may use
+                allowed = door.listing(request.headers)
+                if isinstance(allowed, Rejection):
+                    return error_response(allowed.status, allowed.message, allowed.code)
+                data = [{"id": m, "object": "model", "owned_by": "pulsegate"} for m in names]
+                doc = {"object": "list", "data": [d for d in data if allowed(str(d["id"]))]}
+                return web.Response(body=orjson.dumps(doc), content_type="application/json")
             if cache[0][0] != names or not cache[0][1]:
                 data = [{"id": m, "object": "model", "owned_by": "pulsegate"} for m in names]
                 cache[0] = (names, orjson.dumps({"object": "list", "data": data}))
             return web.Response(body=cache[0][1], content_type="application/json")
 
-        r.add_post("/v1/chat/completions", chat)
-        r.add_post("/v1/completions", completions)
+        for path in API:
+            r.add_post(path, proxied(path))
         r.add_get("/v1/models", models)
 
     async def healthz(request: web.Request) -> web.StreamResponse:

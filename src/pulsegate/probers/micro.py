@@ -12,7 +12,9 @@ send + first byte + the few bytes of answer) and differ only in body and verdict
 Which endpoint: ``/v1/completions`` first; a 404 there retries ``/v1/chat/completions``
 within the same deadline (and the reverse), and the endpoint that answered is returned so
 the caller remembers it per backend. A 404 from both (vLLM's "model does not exist") is
-reported as it is and changes nothing.
+reported as it is and changes nothing. An embedding-only backend (``apis: [embeddings]``,
+`payload.probe_api`) is probed on ``/v1/embeddings`` and nowhere else: ``ok`` for a 2xx
+list of embeddings (``data``).
 
 A busy engine (429, or 503 with Retry-After) is neither healthy nor sick: the result is
 None, so the core hears nothing rather than a failure (R17: busy must not look sick).
@@ -70,7 +72,7 @@ async def probe_inference(
 
     try:
         reply = await post(api, timeout_s)
-        if reply.status == 404:
+        if reply.status == 404 and api is not Api.EMBEDDINGS:
             other = Api.CHAT if api is Api.COMPLETIONS else Api.COMPLETIONS
             left = timeout_s - (clock.now() - t0)
             if left <= 0:
@@ -80,25 +82,29 @@ async def probe_inference(
                 reply, api = second, other
     except FETCH_ERRORS as e:
         return Inference(ProbeResult(kind, False, None, describe_failure(e, timeout_s)), api)
-    return Inference(_judge(kind, reply), api)
+    return Inference(_judge(kind, reply, api), api)
 
 
-def _judge(kind: ProbeKind, reply: Reply) -> ProbeResult | None:
+def _judge(kind: ProbeKind, reply: Reply, api: Api = Api.COMPLETIONS) -> ProbeResult | None:
     status = reply.status
     if status == 429 or (status == 503 and reply.retry_after):
         return None
     if 200 <= status < 300:
-        if _is_completion(reply.body):
+        field, what = (
+            ("data", "embeddings") if api is Api.EMBEDDINGS else ("choices", "a completion")
+        )
+        if _is_answer(reply.body, field):
             return ProbeResult(kind, True, reply.headers_s)
-        return ProbeResult(kind, False, reply.headers_s, "bad response: not a completion")
+        return ProbeResult(kind, False, reply.headers_s, f"bad response: not {what}")
     if kind is ProbeKind.CANARY and 400 <= status < 500 and status != 408:
         return ProbeResult(kind, True, reply.headers_s, http_reason(reply))
     return ProbeResult(kind, False, reply.headers_s, http_reason(reply))
 
 
-def _is_completion(body: bytes) -> bool:
+def _is_answer(body: bytes, field: str) -> bool:
+    """A JSON object with a list `field` (`choices`; `data` for embeddings)."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
         return False
-    return isinstance(doc, dict) and isinstance(doc.get("choices"), list)
+    return isinstance(doc, dict) and isinstance(doc.get(field), list)

@@ -20,14 +20,29 @@ CANARY_USER = "pulsegate-canary"
 
 
 class Api(enum.Enum):
-    """The OpenAI endpoint a backend answers one-token probes on."""
+    """The OpenAI endpoint a backend answers one-token probes on. An embedding model
+    (`apis: [embeddings]`) is probed with an embedding of the same text: a forward pass
+    through the same GPU, which is what the probe proves."""
 
     COMPLETIONS = "/v1/completions"
     CHAT = "/v1/chat/completions"
+    EMBEDDINGS = "/v1/embeddings"
+
+
+def probe_api(apis: tuple[str, ...]) -> Api:
+    """The endpoint to probe a backend serving `apis` on first: completions, else chat,
+    else embeddings; a backend with none of them (rerank or score only) is tried on
+    completions, and its 404 reported as it is."""
+    if "completions" in apis or ("chat" not in apis and "embeddings" not in apis):
+        return Api.COMPLETIONS
+    return Api.CHAT if "chat" in apis else Api.EMBEDDINGS
 
 
 def micro_body(model: str, api: Api) -> bytes:
-    """The micro-inference: one token for a four-letter prompt, deterministic."""
+    """The micro-inference: one token for a four-letter prompt, deterministic (an
+    embedding of it, for an embedding model)."""
+    if api is Api.EMBEDDINGS:
+        return orjson.dumps({"model": model, "input": "ping"})
     req: dict[str, Any] = {"model": model, "max_tokens": 1, "temperature": 0}
     if api is Api.COMPLETIONS:
         req["prompt"] = "ping"
@@ -56,6 +71,9 @@ def canary_body(text: CanaryText, model: str, api: Api, payload_bytes: int) -> b
 
 def _canary(text: CanaryText, n: int, model: str, api: Api) -> bytes:
     system = text.preamble + " ".join(text.excerpts[:n])
+    if api is Api.EMBEDDINGS:  # the same bytes on the wire, embedded as one passage
+        doc = {"model": model, "input": f"{system}\n\n{text.question}", "user": CANARY_USER}
+        return orjson.dumps(doc)
     req: dict[str, Any] = {
         "model": model,
         "max_tokens": 1,

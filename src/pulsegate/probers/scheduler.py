@@ -52,7 +52,7 @@ from pulsegate.probers.cadence import Kind, delays, pause
 from pulsegate.probers.engine_metrics import EngineMetricsReader
 from pulsegate.probers.http import PROBE_HEADER, new_probe_session
 from pulsegate.probers.micro import Inference, probe_inference
-from pulsegate.probers.payload import Api, CanaryText, canary_body, micro_body
+from pulsegate.probers.payload import Api, CanaryText, canary_body, micro_body, probe_api
 from pulsegate.probers.readiness import Readiness, probe_readiness
 from pulsegate.probers.scrape import scrape_engine
 from pulsegate.probers.waits import wait_event
@@ -137,6 +137,7 @@ class Prober:
                 headers={k: {PROBE_HEADER: k.value, **_auth(cfg)} for k in Kind},
                 canary_text=CanaryText(self._rng, self._probes.canary.payload_bytes),
                 models=cfg.models,
+                api=probe_api(cfg.apis),
             )
             kinds = [Kind.READINESS, Kind.MICRO, Kind.CANARY]
             if cfg.metrics_path:

@@ -20,6 +20,12 @@ from aiohttp import web
 from pulsegate.clock import Clock
 from pulsegate.config import Config
 from pulsegate.health.observations import Outcome
+from pulsegate.proxy.affinity import (
+    ResponseAffinity,
+    pinned_avoid,
+    previous_id,
+    unavailable_message,
+)
 from pulsegate.proxy.attempt import AttemptOpener, Failure
 from pulsegate.proxy.budget import RetryBudget
 from pulsegate.proxy.errors import error_response
@@ -60,8 +66,11 @@ class Forwarder:
         budget: RetryBudget,
         door: Door | None = None,
         recorders: Sequence[Recorder] = (),
+        affinity: ResponseAffinity | None = None,
     ) -> None:
         self.targets = targets
+        # Responses: response id -> the backend holding its state (`affinity.py`).
+        self.affinity = affinity if affinity is not None else ResponseAffinity()
         self.door = door
         self.recorders = tuple(recorders)
         # Someone reads the answer's token counts: a non-streamed answer's `usage` is parsed.
@@ -113,6 +122,7 @@ class Forwarder:
             raise
         finally:
             ex.end = clock.now()
+            self.metrics.api_requests.inc((ex.api, str(ex.status)))
             if ex.ticket is not None and self.door is not None:
                 self.door.settle(ex, ex.end)
             for r in self.recorders:
@@ -160,7 +170,8 @@ class Forwarder:
                 404, f"model '{model}' is not served by any backend", "model_not_found"
             )
         state, router, metrics = self.state, self.router, self.metrics
-        avoid = req.avoid
+        home = self._home(req)  # previous_response_id: only the backend holding its state
+        avoid = req.avoid if home is None else pinned_avoid(home, self.targets)
         tried = ex.backends
         last: Failure | None = None
         while len(tried) < self.max_attempts:
@@ -197,6 +208,10 @@ class Forwarder:
                 ex.error = "upstream_client_error"
                 return result.response
         metrics.request_seconds.observe(now() - start)
+        if home is not None and last is None:
+            ex.error = "previous_response_unavailable"
+            msg = unavailable_message(req.doc["previous_response_id"], home)
+            return error_response(503, msg, ex.error, {"retry-after": "1"})
         final = _final_error(model, tried, last)
         ex.error = final[1]
         return final[0]
@@ -212,7 +227,9 @@ class Forwarder:
         handed_off = False
         at = ex.attempt(name, now())
         try:
-            opened = await self.opener.open(target, req.path, req.body, req.stream, req.deadline)
+            opened = await self.opener.open(
+                target, req.path, req.body, req.stream, req.deadline, ex
+            )
             if isinstance(opened, Failure):
                 at.end = now()
                 at.status = opened.status
@@ -230,6 +247,8 @@ class Forwarder:
                     data = cut_answer(data, req.stops)
                 if self.wants_usage:
                     _usage(data, ex)
+                if req.api == "responses" and status == 200:
+                    self.affinity.learn_answer(data, name)
                 self.metrics.requests.inc((name, req.model, str(status)))
                 return web.Response(status=status, body=data, headers=headers)
             handed_off = True
@@ -245,16 +264,28 @@ class Forwarder:
                 self.outcomes,
                 self.metrics,
                 self.clock,
+                functools.partial(self.affinity.learn, backend=name)
+                if req.api == "responses"
+                else None,
             )
             return await relay.run(opened, headers)
         finally:
             if not handed_off:
                 state.release(name)
 
+    def _home(self, req: ProxyRequest) -> str | None:
+        """The backend a Responses request must go to: the one that produced its
+        `previous_response_id`, when this process remembers it."""
+        if req.api != "responses":
+            return None
+        prev = previous_id(req.doc)
+        return None if prev is None else self.affinity.home(prev)
+
     def _continuation(self, req: ProxyRequest, tried: Sequence[str]) -> Target | None:
         """The backend a broken stream of `req` would continue on now: not tried yet for
         this request and able to continue a stream."""
-        v = self.router.pick(req.model, [*tried, *self.streaming.resume_unable], req.session_key)
+        skip = [*tried, *req.avoid, *self.streaming.resume_unable]  # avoid: not its API, max_n
+        v = self.router.pick(req.model, skip, req.session_key)
         return None if v is None else self.targets[v.name]
 
 
@@ -289,7 +320,10 @@ def _usage(data: bytes, ex: Exchange) -> None:
 
 
 def record_usage(usage: dict[str, object], ex: Exchange) -> None:
-    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    """Token counts from an answer's `usage`: OpenAI's chat and completions name them
+    prompt/completion tokens, the Responses API and Anthropic's Messages input/output."""
+    p = usage.get("prompt_tokens", usage.get("input_tokens"))
+    c = usage.get("completion_tokens", usage.get("output_tokens"))
     if isinstance(p, int):
         ex.tokens_in = p
     if isinstance(c, int):

@@ -10,6 +10,7 @@ in `finally`: no orphaned generation.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,22 +23,15 @@ from pulsegate.health.observations import FirstByteOverdue, Outcome, RequestResu
 from pulsegate.proxy.attempt import AttemptOpener, Failure, Opened
 from pulsegate.proxy.classify import describe
 from pulsegate.proxy.cuts import MALFORMED, NO_DONE, Cut, CutKind, Evidence, failed
-from pulsegate.proxy.errors import sse_error_event
+from pulsegate.proxy.dialects import TYPED, Dialect, for_api
+from pulsegate.proxy.dialects.chat import rewrite, track
 from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.ports import Outcomes
 from pulsegate.proxy.request import ProxyRequest
-from pulsegate.proxy.resume import (
-    StreamState,
-    finish_chunk,
-    remaining_tokens,
-    resume_body,
-    resume_refusal,
-    rewrite,
-    track,
-)
 from pulsegate.proxy.sse import Event as SSEEvent
-from pulsegate.proxy.sse import SSEParser
+from pulsegate.proxy.sse import EventTooLarge, SSEParser
+from pulsegate.proxy.sse import plain_sse as _plain_sse
 from pulsegate.proxy.state import ProxyState
 from pulsegate.proxy.stops import StopFilter
 from pulsegate.proxy.targets import Target
@@ -47,6 +41,9 @@ from pulsegate.proxy.watchdog import Closable, Watchdog
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _DONE = b"data: [DONE]\n\n"
+# What reading an event of the wrong shape raises in the trackers: caught once per read, so
+# the usual event pays no check (a `try` costs nothing until it raises).
+_MISSHAPEN = (AttributeError, TypeError, KeyError, IndexError)
 # `Relay._relay`: the upstream may send more (compared by identity, never sent anywhere).
 _GO_ON = Cut(CutKind.FAILED, "")
 
@@ -81,6 +78,7 @@ class Relay:
         outcomes: Outcomes,
         metrics: ProxyMetrics,
         clock: Clock,
+        learn: Callable[[str], None] | None = None,  # told the Responses id the client sees
     ) -> None:
         self.request = request
         self.req = req
@@ -98,7 +96,10 @@ class Relay:
         so = self.doc.get("stream_options")
         self.include_usage = isinstance(so, dict) and so.get("include_usage") is True
         self.continuous_usage = isinstance(so, dict) and so.get("continuous_usage_stats") is True
-        self.state = StreamState()
+        # The API's framing, once per stream: chat chunks, or typed events (`_relay_typed`).
+        self.dialect: Dialect = for_api(req.api, req.path, self.doc, learn)
+        self.typed = req.api in TYPED
+        self.state = self.dialect.state
         self.stops = StopFilter(req.stops) if req.stops else None
         self.resumes = 0
         # A stalled stream with nowhere to continue waits at most until then.
@@ -139,12 +140,15 @@ class Relay:
                     metrics.requests.inc((target.name, model, str(resp.status)))
                     await out.write_eof()
                     return
-                self._blame(target.name, cut)
+                _blame(self.outcomes, self.settings.stall, target.name, cut)
                 broken = self.ex.attempts[-1]
                 broken.end, broken.outcome = self.clock.now(), "stream_broken"
                 metrics.requests.inc((target.name, model, "stream_broken"))
                 proxy.release(target.name)
                 held = None
+                if self.dialect.ended() and not self.state.done:
+                    await self._finish()  # a typed stream broke after its generation ended
+                    return
                 refusal = self._refusal()
                 if refusal is not None:
                     await self._end_with_error(f"stream from {target.name} {cut}; {refusal}")
@@ -171,17 +175,6 @@ class Relay:
             if held is not None:
                 proxy.release(held)
 
-    def _blame(self, name: str, cut: Cut) -> None:
-        """Tell the health core what the cut says about the backend."""
-        ev = cut.evidence
-        if ev is Evidence.SUSPECT:
-            # Our own watchdog cut a quiet stream: suspect evidence (new requests go
-            # elsewhere, probes speed up), not a hard failure. A busy but healthy engine
-            # must not be ejected by five slow streams (R17, R21).
-            self.outcomes.report(name, FirstByteOverdue(1, self.settings.stall))
-        elif ev is Evidence.FAILURE:
-            self.outcomes.report(name, RequestResult(Outcome.STREAM_BROKEN, None, None))
-
     async def _reopen(self) -> Opened | Failure | None:
         """Open a continuation on a backend not yet tried for this request; None: there is
         none, or every requested token has already reached the client. On success the
@@ -200,7 +193,7 @@ class Relay:
                 proxy.release(target.name)
                 return None
             opened = await self.opener.open(
-                target, self.req.path, body, True, self.settings.per_try
+                target, self.req.path, body, True, self.settings.per_try, self.ex
             )
             if isinstance(opened, Failure):
                 proxy.release(target.name)
@@ -223,7 +216,7 @@ class Relay:
             return "stream resume is disabled"
         if self.resumes >= s.max_resumes:
             return f"already resumed {self.resumes} time(s)"
-        return resume_refusal(self.doc, self.state)
+        return self.dialect.refusal(self.doc)
 
     def _may_cut(self) -> bool:
         """A stall is cut only when the stream could be continued elsewhere right now: with
@@ -234,15 +227,13 @@ class Relay:
         return self.continuation_target(self.tried) is not None
 
     def _all_sent(self) -> bool:
-        left = remaining_tokens(self.doc, self.state)
+        left = self.dialect.remaining(self.doc)
         return left is not None and left <= 0
 
     async def _finish(self) -> None:
         """Every requested token reached the client: only the ending was lost."""
-        out = self._out
-        await out.write(finish_chunk(self.state, self.req.path))
-        await out.write(_DONE)
-        await out.write_eof()
+        await self._out.write(self.dialect.finish())
+        await self._out.write_eof()
 
     async def _continuation(self, target: Target) -> bytes | None:
         """The request continuing this stream on `target`; None when every requested token
@@ -260,7 +251,7 @@ class Relay:
         if self._all_sent():
             return None
         state.tokens_before = state.tokens
-        return resume_body(self.doc, self.req.path, state)
+        return self.dialect.body(self.doc)
 
     async def _pump(
         self,
@@ -283,9 +274,22 @@ class Relay:
         parts: list[bytes] = []
         try:
             while True:
-                why = self._relay(parser.feed(chunk), parts, rewriting)
+                try:
+                    events = parser.feed(chunk)
+                except EventTooLarge:
+                    return MALFORMED
+                try:
+                    if self.typed:
+                        why = _relay_typed(self.dialect, events, parts, rewriting)
+                    else:
+                        why = self._relay(events, parts, rewriting)
+                except _MISSHAPEN:  # JSON of the wrong shape (`"choices": [1]`): broken too
+                    why = MALFORMED
                 if parts:
+                    watch.holding = True  # a slow client's time is not the engine's
                     await out.write(parts[0] if len(parts) == 1 else b"".join(parts))
+                    watch.holding = False
+                    watch.touch()
                     parts.clear()
                 if why is not _GO_ON:
                     if why is None:
@@ -299,8 +303,9 @@ class Relay:
                     if state.finished:
                         # Some engines (transformers serve) never send [DONE]: the
                         # generation is complete, so end it the OpenAI way.
+                        done = self.dialect.finish() if self.typed else _DONE
                         state.done = True
-                        await out.write(_DONE)
+                        await out.write(done)
                         return None
                     return watch.cut_by or NO_DONE
                 watch.touch()
@@ -315,6 +320,8 @@ class Relay:
         for ev in events:
             data = ev.data
             if data is None:
+                if not _plain_sse(ev.raw):
+                    return MALFORMED  # an HTML page, binary: never the client's to see
                 if not rewriting:
                     parts.append(ev.raw)  # comments / keep-alives
                 continue
@@ -351,14 +358,55 @@ class Relay:
         return _GO_ON
 
     async def _end_with_error(self, message: str) -> None:
-        out = self._out
         self.ex.error = "upstream_stream_broken"
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self._out.write(self.dialect.error(message))
+            await self._out.write_eof()
+
+
+def _blame(outcomes: Outcomes, stall: float, name: str, cut: Cut) -> None:
+    """Tell the health core what the cut says about the backend."""
+    ev = cut.evidence
+    if ev is Evidence.SUSPECT:
+        # Our own watchdog cut a quiet stream: suspect evidence (new requests go
+        # elsewhere, probes speed up), not a hard failure. A busy but healthy engine
+        # must not be ejected by five slow streams (R17, R21).
+        outcomes.report(name, FirstByteOverdue(1, stall))
+    elif ev is Evidence.FAILURE:
+        outcomes.report(name, RequestResult(Outcome.STREAM_BROKEN, None, None))
+
+
+def _relay_typed(
+    dialect: Dialect, events: list[SSEEvent], parts: list[bytes], rewriting: bool
+) -> Cut | None:
+    """`Relay._relay` for a typed stream (Responses, Messages): the first upstream's events
+    pass byte for byte while the dialect notes them, a continuation's are rewritten by it;
+    None once the terminal event went out."""
+    state = dialect.state
+    for ev in events:
+        data = ev.data
+        if data is None:
+            if not _plain_sse(ev.raw):
+                return MALFORMED
+            if not rewriting:
+                parts.append(ev.raw)  # comments / keep-alives
+            continue
         try:
-            await out.write(sse_error_event(502, message, "upstream_stream_broken"))
-            await out.write(_DONE)
-            await out.write_eof()
-        except (ConnectionError, RuntimeError):
-            pass
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return MALFORMED
+        if not isinstance(obj, dict):
+            return MALFORMED
+        if rewriting:
+            b = dialect.rewrite(obj)
+            if b is not None:
+                parts.append(b)
+        else:
+            dialect.track(obj)
+            parts.append(ev.raw)
+        if state.done:
+            return None
+    return _GO_ON
 
 
 def _usage_openai_way(

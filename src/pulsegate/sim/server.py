@@ -29,6 +29,7 @@ import orjson
 from aiohttp import web
 
 from pulsegate.sim import faults as F
+from pulsegate.sim.apis import PoolingApis
 from pulsegate.sim.engine import Engine, Seq
 from pulsegate.sim.gpu import read_gpu
 from pulsegate.sim.metrics import EngineReading, render
@@ -41,6 +42,10 @@ from pulsegate.sim.protocol import (
 )
 from pulsegate.sim.sink import TokenSink, abort_connection, error_response, json_response
 from pulsegate.sim.text import TokenGen
+from pulsegate.sim.typed import TypedApis
+
+# A typed API's sink for one request (`typed.py`); None: the chat/completions one.
+SinkFactory = Callable[[GenRequest, int], TokenSink]
 
 log = logging.getLogger(__name__)
 
@@ -91,16 +96,33 @@ class Sim:
         self.opts = opts
         self.engine = Engine(name=opts.name, max_batch=opts.max_batch)
         self.faults = F.FaultState()
+        self.typed = TypedApis(opts.model)  # /v1/responses and /v1/messages (`typed.py`)
         self._rng = random.Random(opts.seed)  # `error` rate draws, reproducible per seed
         self._ttft_s = max(0.0, opts.ttft_ms) / 1000.0
         self._itl_s = max(0.0, opts.itl_ms) / 1000.0
         self._closing = False
         self._now: Callable[[], float] = time.monotonic  # replaced by loop.time on startup
+        # /v1/embeddings, rerank, score, /tokenize, /detokenize (`apis.py`)
+        self.pooling = PoolingApis(
+            engine=self.engine,
+            faults=self.faults,
+            gate=self._gate,
+            closing=_Closing,
+            rng=self._rng,
+            now=lambda: self._now(),
+            ttft_s=self._ttft_s,
+            model=opts.model,
+            probe_header=PROBE_HEADER,
+        )
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/messages", self.messages)
+        for path, handler in self.pooling.routes():
+            app.router.add_post(path, handler)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -196,15 +218,25 @@ class Sim:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._infer(request, parse_completion)
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._infer(request, self.typed.parse_responses, self.typed.sink)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._infer(request, self.typed.parse_messages, self.typed.sink)
+
     # ---- the inference flow ----
 
     async def _infer(
-        self, request: web.Request, parse: Callable[[bytes], GenRequest]
+        self,
+        request: web.Request,
+        parse: Callable[[bytes], GenRequest],
+        sink: SinkFactory | None = None,
     ) -> web.StreamResponse:
         probe = PROBE_HEADER in request.headers
-        self.engine.arrive(request.path, probe=probe, wall=time.time())
+        tp = request.headers.get("traceparent")
+        self.engine.arrive(request.path, probe=probe, wall=time.time(), traceparent=tp)
         try:
-            return await self._serve(request, parse)
+            return await self._serve(request, parse, sink)
         except _Closing:
             return error_response(503, "engine is shutting down", "ServiceUnavailable")
         except (_Reset, ConnectionResetError):
@@ -215,7 +247,10 @@ class Sim:
             self.engine.depart()
 
     async def _serve(
-        self, request: web.Request, parse: Callable[[bytes], GenRequest]
+        self,
+        request: web.Request,
+        parse: Callable[[bytes], GenRequest],
+        make_sink: SinkFactory | None = None,
     ) -> web.StreamResponse:
         length = request.content_length
         await self._gate(lambda f: F.on_arrival(f, length))
@@ -234,7 +269,11 @@ class Sim:
         if action in _FAILURES:
             return error_response(*_FAILURES[action])
 
-        sink = TokenSink(Framer(req.kind, self.opts.model, int(time.time())))
+        created = int(time.time())
+        if make_sink is not None:
+            sink = make_sink(req, created)
+        else:
+            sink = TokenSink(Framer(req.kind, self.opts.model, created))
         if stream:
             await sink.start(request)
         try:
@@ -332,7 +371,7 @@ class Sim:
         return json_response(self.faults.describe(self._now()))
 
     async def stats(self, request: web.Request) -> web.Response:
-        return json_response(self.engine.stats())
+        return json_response({**self.engine.stats(), "api_requests": self.pooling.counts})
 
     async def requests(self, request: web.Request) -> web.Response:
         raw = request.query.get("since")
