@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import resource
 import signal
 import sys
 from collections.abc import Coroutine
@@ -33,6 +34,33 @@ BACKLOG = 1024
 # After the drain, client connections still open get this long to go (see `_linger`).
 LINGER_S = 1.0
 LINGER_POLL_S = 0.02
+
+
+def runner(app: web.Application, idle_timeout: float) -> web.AppRunner:
+    """The HTTP server of every gateway process: handlers cancelled when their client
+    leaves, no aiohttp access log (ours is `gateway.access_log`), and an idle keep-alive
+    client closed after `idle_timeout` (`gateway.client_idle_timeout`; aiohttp's default of
+    3,630 s let 300 idle sockets under a 256-fd limit lock new clients out). A connection
+    busy with a request or a stream is never idle."""
+    return web.AppRunner(
+        app, handler_cancellation=True, access_log=None, keepalive_timeout=idle_timeout
+    )
+
+
+def raise_fd_limit() -> int:
+    """The soft open-file limit raised to the hard one (systemd's default soft limit is
+    1,024: a gateway with 1,000 streams holds two sockets each). Returns the new limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as e:  # a container may forbid it: keep what we have
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, e)
+            return soft
+        return hard
+    return soft
 
 
 def install_uvloop() -> None:

@@ -15,8 +15,6 @@ import logging
 import signal
 import sys
 
-from aiohttp import web
-
 from pulsegate import replace, runtime
 from pulsegate.app import build_app, set_max_body
 from pulsegate.clock import SystemClock
@@ -43,7 +41,7 @@ async def run_gateway(
 
     reloader = Reloader(path, lambda: gw.config, apply, gw.health)
     app = build_app(cfg, proxy=gw.side, view=gw, admin_extra=[admin_route(reloader)])
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = runtime.runner(app, cfg.gateway.client_idle_timeout)
     await runner.setup()
     # SO_REUSEPORT always: a replacement (`serve --replace PID`) listens beside this one.
     site = runtime.tcp_site(runner, cfg.gateway.host, cfg.gateway.port, reuse_port=True)
@@ -66,6 +64,8 @@ async def run_gateway(
     stop = asyncio.Event()
     runtime.stop_on_signals(stop)
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.request)
+    # nginx's convention for "the log was rotated" (logrotate: `postrotate kill -USR1 PID`).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, gw.side.reopen_logs)
     if ready is not None:
         ready.set()
     try:
@@ -94,6 +94,7 @@ def serve(config_path: str, replace_pid: int | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     runtime.install_uvloop()
+    runtime.raise_fd_limit()  # workers inherit it
     if cfg.gateway.workers > 1:
         asyncio.run(run_cluster(cfg, config_path, replace_pid))
     else:

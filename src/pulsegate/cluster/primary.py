@@ -209,6 +209,14 @@ class Supervisor:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
+    def reopen_logs(self) -> None:
+        """SIGUSR1 (the access log was rotated): each worker writes its own lines, so each
+        reopens the file; only workers that said `Ready` have their handler set."""
+        for s in self.slots:
+            if s.ready.is_set() and s.proc is not None and s.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(s.pid, signal.SIGUSR1)
+
     async def start(self) -> None:
         """Start every worker; return once all listen (or raise after START_TIMEOUT_S)."""
         self._tasks.spawn(self._publish_loop(), "publish")
@@ -248,13 +256,15 @@ class Supervisor:
 
     async def _run(self, s: Slot) -> None:
         parent, child = socket.socketpair()
+        # `gateway.access_log: stdout`: the workers write their lines to ours.
+        out = None if self.gw.config.gateway.access_log == "stdout" else subprocess.DEVNULL
         try:
             s.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "pulsegate.cluster.worker",
                 "--channel-fd", str(child.fileno()), "--inflight-fd", str(self.table.fd),
                 "--parent", str(os.getpid()),
                 pass_fds=(child.fileno(), self.table.fd),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL, stdout=out,
             )  # fmt: skip
         finally:
             child.close()
@@ -378,12 +388,13 @@ async def run_cluster(cfg: Config, path: str, replace_pid: int | None = None) ->
     reloader = Reloader(path, lambda: gw.config, gw.apply, gw.health)
     extra = [("GET", "/admin/workers", sup.workers_view), admin_route(reloader)]
     app = build_app(cfg, view=gw, admin_extra=extra)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = runtime.runner(app, cfg.gateway.client_idle_timeout)
     await runner.setup()
     site = web.UnixSite(runner, admin_socket, shutdown_timeout=runtime.SITE_SHUTDOWN_S)
     stop = asyncio.Event()
     runtime.stop_on_signals(stop)
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.request)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, sup.reopen_logs)
     session = runtime.client_session(cfg.retry.connect_timeout)
     try:
         await site.start()

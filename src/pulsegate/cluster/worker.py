@@ -244,8 +244,11 @@ async def run_worker(channel_fd: int, inflight_fd: int) -> None:
     w.mirror.apply(hello.view)  # not `apply`: its delay includes this process's start-up
     relay = PrimaryRelay(hello.admin_socket)
     w.start()
+    # The primary passes SIGUSR1 on (the access log was rotated); set before `Ready`, since
+    # the signal's default action would end this process.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, w.side.reopen_logs)
     app = build_app(cfg, proxy=w.side, to_primary=relay.handle)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = runtime.runner(app, cfg.gateway.client_idle_timeout)
     await runner.setup()
     site = runtime.tcp_site(runner, cfg.gateway.host, hello.port, reuse_port=True)
     await relay.start()
