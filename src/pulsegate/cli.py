@@ -69,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-streams", type=int, default=16, help="most heartbeat streams open at once"
     )
+    s.add_argument(
+        "--api",
+        default="completions",
+        choices=("completions", "chat", "embeddings"),
+        help="the engine endpoint micro-inferences use (embeddings: an embedding model)",
+    )
     s.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain: serve TLS only")
     s.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     s.add_argument(
@@ -168,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                 tls_cert=args.tls_cert,
                 tls_key=args.tls_key,
                 tls_client_ca=args.tls_client_ca,
+                api=args.api,
             )
         )
     if args.cmd == "status":

@@ -26,6 +26,8 @@ class EngineStub:
     health_status: int = 200
     completion_delay_s: float = 0.0
     completion_status: int = 200
+    # An embedding model's engine: /v1/embeddings answers, completions and chat are 404.
+    embeddings: bool = False
     requests: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
     url: str = ""
 
@@ -41,7 +43,7 @@ class EngineStub:
             return web.Response(text=self.metrics, content_type="text/plain")
         if request.path == "/v1/models":
             return web.json_response({"object": "list", "data": [{"id": self.model}]})
-        if request.path in ("/v1/completions", "/v1/chat/completions"):
+        if request.path in ("/v1/completions", "/v1/chat/completions") and not self.embeddings:
             await asyncio.sleep(self.completion_delay_s)
             if self.completion_status != 200:
                 return web.json_response(
@@ -50,6 +52,13 @@ class EngineStub:
                 )
             return web.json_response(
                 {"id": "cmpl-1", "object": "text_completion", "choices": [{"text": "x"}]}
+            )
+        if request.path == "/v1/embeddings" and self.embeddings:
+            return web.json_response(
+                {
+                    "object": "list",
+                    "data": [{"object": "embedding", "index": 0, "embedding": [0.6, 0.8]}],
+                }
             )
         return web.Response(status=404, text="not found")
 

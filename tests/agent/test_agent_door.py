@@ -128,6 +128,24 @@ async def test_second_micro_inference_while_one_runs_is_busy_at_once(
         assert len(engine.calls("/v1/completions")) == 2
 
 
+async def test_an_embedding_engine_is_probed_with_an_embedding(
+    start_agent: Callable[..., Proc],
+) -> None:
+    """`--api embeddings`: an engine serving only embeddings gets its micro-inference as a
+    one-input embedding call (completions and chat would be 404: a false failure)."""
+    async with engine_stub(embeddings=True) as engine:
+        agent = await asyncio.to_thread(
+            start_agent, engine.url, "--model", "m1", "--api", "embeddings", *TOKEN_ARGS, env=ENV
+        )
+        async with stream(agent) as call:
+            await ping(call, 1, kind=pb.Ping.MICRO_INFERENCE, timeout_ms=2000)
+            done = await asyncio.wait_for(call.read(), timeout=3.0)
+            assert done.seq == 1 and done.ok, done
+        ((_, body),) = engine.calls("/v1/embeddings")
+        assert body == {"model": "m1", "input": "ping"}
+        assert not engine.calls("/v1/completions") and not engine.calls("/v1/chat/completions")
+
+
 async def test_callers_micro_timeout_is_clipped_to_the_agents(
     start_agent: Callable[..., Proc],
 ) -> None:

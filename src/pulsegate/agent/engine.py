@@ -96,12 +96,13 @@ class EngineWatcher:
         clock: Clock,
         session: aiohttp.ClientSession,
         micro_session: aiohttp.ClientSession | None = None,
+        api: Api = Api.COMPLETIONS,
     ) -> None:
         self.engine_url = engine_url.rstrip("/")
         self._gpu = gpu
         self._model = model
         self._model_discovered = False
-        self._api = Api.COMPLETIONS
+        self._api = api  # completions and chat fall back to each other on a 404
         self._refresh = refresh
         self._clock = clock
         # `session` reads /health, /metrics and DCGM; `micro_session` (its own pool when

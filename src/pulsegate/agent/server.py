@@ -56,6 +56,7 @@ from pulsegate.agent.tls import ServerFiles, TlsSetupError, read_server_files
 from pulsegate.agent.wire import SERVICE_NAME, add_heartbeat_service, fill_facts, pb, pb_grpc
 from pulsegate.clock import SystemClock
 from pulsegate.probers.http import new_probe_session
+from pulsegate.probers.payload import Api
 
 log = logging.getLogger("pulsegate.agent")
 
@@ -232,6 +233,7 @@ class Agent:
         micro_timeout: float = DEFAULT_MICRO_TIMEOUT_S,
         max_streams: int = DEFAULT_MAX_STREAMS,
         tls: ServerFiles | None = None,
+        api: str = "completions",
     ) -> None:
         if not engine.startswith(("http://", "https://")):
             raise ValueError(f"--engine must start with http:// or https://: {engine!r}")
@@ -250,6 +252,11 @@ class Agent:
         self.max_streams = max_streams
         self._token = token
         self.tls = tls  # None: plaintext
+        # The endpoint micro-inferences go to first (`--api`): an embedding model's engine
+        # serves neither completions nor chat, so it is probed with a one-input embedding.
+        if api not in MICRO_APIS:
+            raise ValueError(f"--api must be one of {', '.join(MICRO_APIS)}, got {api!r}")
+        self.api = MICRO_APIS[api]
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._health: HealthServicer | None = None
@@ -289,6 +296,7 @@ class Agent:
             clock=self._clock,
             session=session,
             micro_session=micro_session,
+            api=self.api,
         )
         self._health = HealthServicer()
         self._watcher.on_change(self._engine_changed)
@@ -378,6 +386,9 @@ class Agent:
             self._clock = None
 
 
+MICRO_APIS = {"completions": Api.COMPLETIONS, "chat": Api.CHAT, "embeddings": Api.EMBEDDINGS}
+
+
 def run_agent(
     engine: str,
     listen: str,
@@ -390,6 +401,7 @@ def run_agent(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     tls_client_ca: str | None = None,
+    api: str = "completions",
 ) -> int:
     """Serve until SIGINT or SIGTERM; prints ``agent listening on HOST:PORT`` once serving.
     Exit status 0 after a clean stop, 2 for bad options, 1 when it cannot start.
@@ -419,6 +431,7 @@ def run_agent(
             micro_timeout=micro_timeout,
             max_streams=max_streams,
             tls=tls,
+            api=api,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
