@@ -158,7 +158,8 @@ def _check_messages(r: Reader, expected: str) -> None:
 def test_twenty_typed_streams_survive_two_sigkills(fleet: dict[str, Any]) -> None:
     """20 streams (10 Responses, 10 Messages), each broken twice by SIGKILL of its backend,
     arrive whole: the clients parse every event, the text is one sim's, one created/start,
-    one terminal event, one id, sequence numbers strictly increasing."""
+    one terminal event, one id, sequence numbers strictly increasing; Messages streams went
+    on through the chat endpoint."""
     gw, sims = fleet["gw"], fleet["sims"]
     expected = {("responses", s): _expected_response(sims["c"], s) for s in range(10)}
     expected |= {("messages", s): _expected_message(sims["c"], s) for s in range(10)}
@@ -167,6 +168,7 @@ def test_twenty_typed_streams_survive_two_sigkills(fleet: dict[str, Any]) -> Non
     for r in readers:
         r.thread.start()
     kills: list[float] = []
+    last_kill_wall = 0.0
     for at in (10, 50):
         wait_until(
             lambda at=at: all(len(r.arrivals) >= at or r.error for r in readers),
@@ -176,6 +178,7 @@ def test_twenty_typed_streams_survive_two_sigkills(fleet: dict[str, Any]) -> Non
         assert all(len(r.arrivals) < TOKENS for r in readers), "a stream ended before the kill"
         victim = _serving(sims, readers)
         kills.append(time.monotonic())
+        last_kill_wall = time.time()
         sims[victim].kill()
     for r in readers:
         r.thread.join(timeout=30)
@@ -187,6 +190,14 @@ def test_twenty_typed_streams_survive_two_sigkills(fleet: dict[str, Any]) -> Non
             _check_responses(r, r.text)
         else:
             _check_messages(r, r.text)
+    # The Messages streams went on through the chat endpoint (continue_final_message, as
+    # vLLM continues a text), never as a `/v1/messages` prefill (vLLM starts a new turn).
+    (survivor,) = [s for s in sims.values() if s.alive()]
+    since = {"since": str(last_kill_wall)}
+    arrived = httpx.get(f"{survivor.url}/sim/requests", params=since, timeout=5).json()
+    paths = [a["path"] for a in arrived["requests"]]
+    assert sorted(set(paths)) == ["/v1/chat/completions", "/v1/responses"], paths
+    assert paths.count("/v1/chat/completions") == 10, paths
     # The seam: the longest gap between text pieces after each kill, as the client sees it.
     seams = []
     for r in readers:

@@ -1,11 +1,12 @@
 """Real vLLM's `/v1/responses` and `/v1/messages` streams, SIGKILLed mid-generation.
 
 One Responses and one Messages stream run at once on one vLLM (one session key), which is
-SIGKILLed once both have 200 tokens; both continue on the other vLLM. Responses: vLLM
-continues an input ending with an `incomplete` assistant message (its partial-message
-completion), so the text must be the uninterrupted greedy text. Messages: vLLM's converter
-starts a new turn after a final assistant message (no prefill), so only the framing is
-asserted and whether the text spliced is recorded (docs/streams.md).
+SIGKILLed once both have 200 tokens; both continue on the other vLLM, and both texts must
+be the uninterrupted greedy text. Responses: vLLM continues an input ending with an
+`incomplete` assistant message (its partial-message completion). Messages: vLLM's own
+`/v1/messages` starts a new turn after a final assistant message (no prefill), so the
+gateway continues through its `/v1/chat/completions` with `continue_final_message` and maps
+the chunks back into Anthropic events (docs/streams.md).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Stream:
 @pytest.mark.timeout(600)
 def test_killed_vllm_typed_streams_resume(pool: EnginePool, pair: Gateway) -> None:  # noqa: F811
     """Both streams arrive whole in their framing (one created/start, one terminal event,
-    sequence numbers increasing, one id); the Responses text is the uninterrupted one."""
+    sequence numbers increasing, one id) and both texts are the uninterrupted ones."""
     gw = pair
     for name in ("vllm-a", "vllm-b"):
         pool.get(name, timeout=ENGINE_S)
@@ -107,6 +108,8 @@ def test_killed_vllm_typed_streams_resume(pool: EnginePool, pair: Gateway) -> No
     mtypes = [o["type"] for _, o in msgs.events]
     assert mtypes.count("message_start") == 1 and mtypes[-1] == "message_stop"
     assert mtypes.count("message_stop") == 1 and "error" not in mtypes
+    assert mtypes.count("message_delta") == 1
+    assert {o["index"] for _, o in msgs.events if o["type"].startswith("content_block")} == {0}
     record_figures(
         "vLLM SIGKILLed mid-stream, Responses and Messages",
         {
@@ -114,6 +117,8 @@ def test_killed_vllm_typed_streams_resume(pool: EnginePool, pair: Gateway) -> No
             "messages text == uninterrupted": msgs.text == expected["/v1/messages"],
             "chars received (responses, messages)": (len(resp.text), len(msgs.text)),
             "usage (responses)": resp.events[-1][1]["response"].get("usage"),
+            "usage (messages)": next(o for t, o in msgs.events if t == "message_delta")["usage"],
         },
     )
     assert resp.text == expected["/v1/responses"]
+    assert msgs.text == expected["/v1/messages"]

@@ -24,6 +24,7 @@ from pulsegate.proxy.attempt import AttemptOpener, Failure, Opened
 from pulsegate.proxy.classify import describe
 from pulsegate.proxy.cuts import MALFORMED, NO_DONE, Cut, CutKind, Evidence, failed
 from pulsegate.proxy.dialects import TYPED, Dialect, for_api
+from pulsegate.proxy.dialects.base import Continuation
 from pulsegate.proxy.dialects.chat import rewrite, track
 from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
@@ -188,12 +189,13 @@ class Relay:
             self.tried.append(target.name)
             at = self.ex.attempt(target.name, self.clock.now(), resume=True)
             proxy.acquire(target.name)
-            body = await self._continuation(target)
-            if body is None:
+            cont = await self._continuation(target)
+            if cont is None:
                 proxy.release(target.name)
                 return None
+            path = cont.path or self.req.path
             opened = await self.opener.open(
-                target, self.req.path, body, True, self.settings.per_try, self.ex
+                target, path, cont.body, True, self.settings.per_try, self.ex
             )
             if isinstance(opened, Failure):
                 proxy.release(target.name)
@@ -235,7 +237,7 @@ class Relay:
         await self._out.write(self.dialect.finish())
         await self._out.write_eof()
 
-    async def _continuation(self, target: Target) -> bytes | None:
+    async def _continuation(self, target: Target) -> Continuation | None:
         """The request continuing this stream on `target`; None when every requested token
         has already reached the client.
 
@@ -251,7 +253,7 @@ class Relay:
         if self._all_sent():
             return None
         state.tokens_before = state.tokens
-        return self.dialect.body(self.doc)
+        return self.dialect.continuation(self.doc, target.resume)
 
     async def _pump(
         self,
@@ -391,6 +393,10 @@ def _relay_typed(
             if not rewriting:
                 parts.append(ev.raw)  # comments / keep-alives
             continue
+        if rewriting and data == b"[DONE]":  # a continuation in chat chunks (Messages)
+            if not state.done:
+                parts.append(dialect.finish())
+            return None
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -5,7 +5,11 @@ Generation is the chat flow's (same faults, TTFT, ITL, batch slots, deterministi
 a continuation splices exactly: a Responses request whose `input` ends with an assistant
 message of status `in_progress` or `incomplete` continues that text (vLLM 0.32's partial
 message completion); a Messages request whose last message is the assistant's continues it
-(Anthropic's prefill; vLLM 0.32's `/v1/messages` does not, it starts a new turn).
+(Anthropic's prefill; vLLM 0.32's `/v1/messages` does not, it starts a new turn, which is
+why the gateway continues Messages streams on vLLM through `/v1/chat/completions` with
+`continue_final_message`). Both give the same context (the question's words, then the
+words already given), so the same text follows the seam either way
+(tests/proxy/test_dialect_messages.py checks it).
 
 Streams are `event: TYPE` + one `data:` line, no `[DONE]` (vLLM's `/v1/responses` and
 `/v1/messages`). Responses: `response.created`, `.in_progress`, `.output_item.added`,

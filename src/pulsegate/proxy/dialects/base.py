@@ -34,14 +34,26 @@ class StreamState:
         return "".join(self.text.get(index, ()))
 
 
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """The request continuing a broken stream: its body, and its path where that is not
+    the client's (a Messages stream goes on through vLLM's chat endpoint)."""
+
+    body: bytes
+    path: str | None = None
+
+
 class Dialect(Protocol):
     """One API's stream framing, as the relay needs it to continue a broken stream.
 
     `track` sees each event of the first upstream (forwarded byte for byte); `rewrite` makes
     each event of a continuation look like the first stream's (None: drop it); `refusal` says
-    why the stream must not be continued; `body` is the continuation request; `finish` the
-    events that close a stream whose generation was over when it broke; `error` the terminal
-    error event(s) in the API's own shape."""
+    why the stream must not be continued; `body` is the continuation request in the stream's
+    own API; `continuation` the request (body, and path when another API continues better)
+    for a target of resume kind `resume` (`Target.resume`: `vllm`), whose events `rewrite`
+    is then given (on another path: that API's events, `[DONE]` excepted, which the relay
+    answers with `finish`); `finish` the events that close a stream whose generation was
+    over when it broke; `error` the terminal error event(s) in the API's own shape."""
 
     @property
     def state(self) -> StreamState: ...
@@ -55,6 +67,8 @@ class Dialect(Protocol):
     def remaining(self, doc: dict[str, Any]) -> int | None: ...
 
     def body(self, doc: dict[str, Any]) -> bytes: ...
+
+    def continuation(self, doc: dict[str, Any], resume: str) -> Continuation: ...
 
     def ended(self) -> bool: ...
 

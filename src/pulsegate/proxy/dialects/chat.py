@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from pulsegate.proxy.dialects.base import StreamState
+from pulsegate.proxy.dialects.base import Continuation, StreamState
 from pulsegate.proxy.errors import sse_error_event
 from pulsegate.proxy.request import CHAT
 
@@ -182,6 +182,9 @@ class Chat:
 
     def body(self, doc: dict[str, Any]) -> bytes:
         return resume_body(doc, self.path, self.state)
+
+    def continuation(self, doc: dict[str, Any], resume: str) -> Continuation:
+        return Continuation(self.body(doc))
 
     def ended(self) -> bool:
         return False  # a finish_reason then a break: continued, as before the dialects

@@ -30,7 +30,13 @@ from typing import Any
 
 import orjson
 
-from pulsegate.proxy.dialects.base import StreamState, merged_counts, remaining_of, sse_event
+from pulsegate.proxy.dialects.base import (
+    Continuation,
+    StreamState,
+    merged_counts,
+    remaining_of,
+    sse_event,
+)
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 _OPENING = frozenset({"response.created", "response.queued"})
@@ -197,6 +203,9 @@ class Responses:
 
     def remaining(self, doc: dict[str, Any]) -> int | None:
         return remaining_of(doc, self.state, "max_output_tokens")
+
+    def continuation(self, doc: dict[str, Any], resume: str) -> Continuation:
+        return Continuation(self.body(doc))
 
     def body(self, doc: dict[str, Any]) -> bytes:
         new = dict(doc)
