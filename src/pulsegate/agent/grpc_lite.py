@@ -20,7 +20,12 @@ What it implements, and what it deliberately does not (RFC 9113, gRPC over HTTP/
 - flow control both ways: a send that the peer's window or a full socket buffer cannot
   take right now is refused (`send` returns False: back-pressure, R3), never queued;
   our own receive windows start at 2^31-1 and are topped up;
-- SETTINGS and PING frames are acknowledged; anything else is ignored.
+- SETTINGS and PING frames are acknowledged; anything else is ignored. Acks are bounded:
+  while the socket's write buffer is above `_WRITE_BUFFER_LIMIT` (the agent is not reading),
+  at most `MAX_CONTROL_BACKLOG` more acks are written, then the stream is closed as a
+  protocol error (a heartbeat miss saying "control-frame flood"). Without the bound a fake
+  agent flooding PINGs without reading had 29 MiB of acks queued in the gateway; with it,
+  at most 64 KiB + 1,000 x 17 bytes (~81 KiB) per stream.
 - gRPC messages are uncompressed, length-prefixed (1 flag byte + 4-byte length).
 """
 
@@ -48,6 +53,11 @@ _DEFAULT_WINDOW = 65_535
 _TOP_UP_AFTER = 1 << 30  # received bytes before we re-open our receive windows
 _MAX_MESSAGE = 4 << 20  # gRPC's default receive limit
 _WRITE_BUFFER_LIMIT = 64 * 1024
+# Acks (PING 17 bytes, SETTINGS 9) written while the write buffer is above its limit, before
+# the agent is judged a flood: Envoy's `max_outbound_control_frames` default (1,000). A real
+# agent sends one SETTINGS and no PINGs; a peer that stops reading for a while (a GC pause)
+# has its acks queued up to this, then is cut like any other protocol error.
+MAX_CONTROL_BACKLOG = 1000
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
@@ -142,6 +152,7 @@ class GrpcStream(asyncio.Protocol):
         self._send_stream = _DEFAULT_WINDOW
         self._peer_initial = _DEFAULT_WINDOW
         self._received = 0
+        self._backlog = 0  # acks written over the write buffer's limit, in a row
         self.tls_failure: str | None = None
         self._tls = tls  # the transport is TLS (its handshake done before connection_made)
         self._heard = False  # the agent has sent a byte (its SETTINGS come first)
@@ -237,8 +248,8 @@ class GrpcStream(asyncio.Protocol):
             if not flags & ACK:
                 self._settings(payload)
         elif kind == PING:
-            if not flags & ACK and self._transport is not None:
-                self._transport.write(frame(PING, ACK, 0, payload))
+            if not flags & ACK:
+                self._ack(frame(PING, ACK, 0, payload))
         elif kind == WINDOW_UPDATE:
             if len(payload) == 4:
                 inc = int.from_bytes(payload) & 0x7FFFFFFF
@@ -292,8 +303,25 @@ class GrpcStream(asyncio.Protocol):
             if ident == SETTINGS_INITIAL_WINDOW_SIZE:
                 self._send_stream += value - self._peer_initial
                 self._peer_initial = value
-        if self._transport is not None:
-            self._transport.write(frame(SETTINGS, ACK, 0))
+        self._ack(frame(SETTINGS, ACK, 0))
+
+    def _ack(self, data: bytes) -> None:
+        """Write a control frame's ack, or close the stream when the agent floods them
+        (more than MAX_CONTROL_BACKLOG while our write buffer is above its limit)."""
+        t = self._transport
+        if t is None:
+            return
+        if t.get_write_buffer_size() <= _WRITE_BUFFER_LIMIT:
+            self._backlog = 0
+        else:
+            self._backlog += 1
+            if self._backlog > MAX_CONTROL_BACKLOG:
+                self._finish(
+                    f"protocol error: control-frame flood ({MAX_CONTROL_BACKLOG} PING/SETTINGS "
+                    "acks unread by the agent)"
+                )
+                return
+        t.write(data)
 
     # -- sending and closing ----------------------------------------------------------------
 

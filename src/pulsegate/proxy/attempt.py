@@ -27,7 +27,7 @@ from pulsegate.proxy.ports import Outcomes
 from pulsegate.proxy.resume import token_count, tokenize_request
 from pulsegate.proxy.state import ProxyState
 from pulsegate.proxy.targets import Target
-from pulsegate.proxy.upstream import Response, Upstream, UpstreamError
+from pulsegate.proxy.upstream import ProtocolError, Response, Upstream, UpstreamError
 
 _OK_NONSTREAM = RequestResult(Outcome.OK, None, 200)
 # Counting the sent text's tokens on the continuation target: ~1-50 ms for vLLM; past this
@@ -115,6 +115,8 @@ class AttemptOpener:
                     data = await resp.read_chunk()
                 else:
                     data = await resp.read()
+                    if resp.status == 200 and not _json_object(data):
+                        raise ProtocolError("a 200 answer that is not a JSON object")
                     resp.release()
         except asyncio.CancelledError:
             if resp is not None:
@@ -194,6 +196,19 @@ class AttemptOpener:
         now = self._clock.now()
         excused = _clock.excuse(self._clock, t0, now)
         return excused > 0.0 and now - t0 - excused < deadline
+
+
+def _json_object(data: bytes) -> bool:
+    """Whether a 200 answer can be a JSON object: its first non-space byte is `{` and its
+    last `}`.
+
+    Every answer the proxy forwards whole (chat, completions, responses, messages,
+    embeddings, rerank, score, tokenize) is a JSON object, and what backends send instead
+    (an HTML page from a proxy in front of the engine, plain text, an empty body) never
+    starts with `{`; a body whose Content-Length is too small (a cut object) almost never
+    ends with `}`, and one cut by a lost connection is caught by its framing. A full parse
+    costs ~50 ms per MiB on the loop (195 ms for 4 MiB); this looks at a few bytes."""
+    return data[:64].lstrip()[:1] == b"{" and data[-64:].rstrip()[-1:] == b"}"
 
 
 def normalize_error(status: int, body: bytes, backend: str = "backend") -> tuple[int, bytes]:

@@ -33,6 +33,18 @@ class Mode(enum.StrEnum):
     BLACKHOLE = "blackhole"  # requests with Content-Length > `over_bytes` are never read
     CUDA_HANG = "cuda_hang"  # /health and /metrics fine, every inference hangs
     RESET = "reset"  # TCP reset on inference (after `after_tokens` stream tokens if given)
+    # Hostile backends (`hostile.py`): raw bytes no engine should send, one mode per kind.
+    BAD_CHUNKED = "bad_chunked"  # a chunk-size line that is not hex, after `after_tokens`
+    LONG_LENGTH = "long_length"  # Content-Length larger than the body; then the socket closes
+    SHORT_LENGTH = "short_length"  # Content-Length smaller than the body (a forged answer follows)
+    ENDLESS_HEADERS = "endless_headers"  # header lines without end
+    BIG_HEADERS = "big_headers"  # one 1 MiB header field
+    NON_SSE = "non_sse"  # an HTML page inside a stream, after `after_tokens`
+    BAD_UTF8 = "bad_utf8"  # an event with invalid UTF-8 inside a stream, after `after_tokens`
+    ENDLESS_EVENT = "endless_event"  # one SSE event that never ends, after `after_tokens`
+    NOT_JSON = "not_json"  # a non-streamed 200 whose body is HTML, not JSON
+    TRICKLE = "trickle"  # the whole answer, one byte every `interval_s`
+    HEADERS_RESET = "headers_reset"  # the response head, then a TCP reset
 
 
 class Action(enum.Enum):
@@ -42,6 +54,7 @@ class Action(enum.Enum):
     FAIL_OOM = "fail_oom"  # 500 CUDA out of memory
     FAIL_WARMING = "fail_warming"  # 503 not ready
     RESET = "reset"  # abort the TCP connection with RST
+    HOSTILE = "hostile"  # `hostile.py` writes the fault's raw bytes and closes the connection
 
 
 class FaultError(ValueError):
@@ -56,6 +69,7 @@ class Fault:
     factor: float = 1.0
     seconds: float = 0.0
     over_bytes: int = 1024
+    interval_s: float = 1.0
 
     def params(self) -> dict[str, Any]:
         """The parameters that mean something for this mode (what /sim/fault shows)."""
@@ -101,7 +115,36 @@ _PARAMS: dict[Mode, dict[str, tuple[Callable[[str, object], Any], Any]]] = {
     Mode.BLACKHOLE: {"over_bytes": (_count(0, 1 << 40), 1024)},
     Mode.CUDA_HANG: {},
     Mode.RESET: {"after_tokens": (_count(0, 1_000_000), None)},
+    Mode.BAD_CHUNKED: {"after_tokens": (_count(0, 1_000_000), 3)},
+    Mode.LONG_LENGTH: {"after_tokens": (_count(0, 1_000_000), 3)},
+    Mode.SHORT_LENGTH: {"after_tokens": (_count(0, 1_000_000), 3)},
+    Mode.ENDLESS_HEADERS: {},
+    Mode.BIG_HEADERS: {},
+    Mode.NON_SSE: {"after_tokens": (_count(0, 1_000_000), 3)},
+    Mode.BAD_UTF8: {"after_tokens": (_count(0, 1_000_000), 3)},
+    Mode.ENDLESS_EVENT: {"after_tokens": (_count(0, 1_000_000), 3)},
+    Mode.NOT_JSON: {},
+    Mode.TRICKLE: {"interval_s": (_number(0.0, 60.0, lo_open=True), 1.0)},
+    Mode.HEADERS_RESET: {},
 }
+
+# The hostile modes that only a stream can show (a non-streamed request is served normally),
+# and the one only a non-streamed answer can (a stream's non-JSON event is `non_sse`).
+HOSTILE_STREAM_ONLY = frozenset({Mode.NON_SSE, Mode.BAD_UTF8, Mode.ENDLESS_EVENT})
+HOSTILE_WHOLE_ONLY = frozenset({Mode.NOT_JSON})
+HOSTILE = frozenset(
+    {
+        Mode.BAD_CHUNKED,
+        Mode.LONG_LENGTH,
+        Mode.SHORT_LENGTH,
+        Mode.ENDLESS_HEADERS,
+        Mode.BIG_HEADERS,
+        Mode.TRICKLE,
+        Mode.HEADERS_RESET,
+        *HOSTILE_STREAM_ONLY,
+        *HOSTILE_WHOLE_ONLY,
+    }
+)
 
 
 def parse_fault(body: object) -> Fault:
@@ -203,6 +246,10 @@ def on_admit(fault: Fault, *, stream: bool, draw: float) -> Action:
         return Action.FAIL_WARMING
     if mode is Mode.RESET and (fault.after_tokens is None or not stream):
         return Action.RESET
+    if mode in HOSTILE:
+        if mode in (HOSTILE_WHOLE_ONLY if stream else HOSTILE_STREAM_ONLY):
+            return Action.PROCEED
+        return Action.HOSTILE
     return Action.PROCEED
 
 

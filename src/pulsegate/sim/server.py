@@ -29,6 +29,7 @@ import orjson
 from aiohttp import web
 
 from pulsegate.sim import faults as F
+from pulsegate.sim import hostile
 from pulsegate.sim.apis import PoolingApis
 from pulsegate.sim.engine import Engine, Seq
 from pulsegate.sim.gpu import read_gpu
@@ -266,6 +267,11 @@ class Sim:
         if action is F.Action.RESET:
             abort_connection(request)
             raise _Reset
+        if action is F.Action.HOSTILE:
+            fault = self.faults.current(self._now())
+            framer = Framer(req.kind, self.opts.model, int(time.time()))
+            await hostile.serve(request, hostile.plan(fault, req, framer, self.opts.seed))
+            raise _Reset  # the connection is closed: nothing more is written on it
         if action in _FAILURES:
             return error_response(*_FAILURES[action])
 
