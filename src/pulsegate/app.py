@@ -13,6 +13,7 @@ from typing import Protocol
 
 import orjson
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler
 
 from pulsegate.admin import READ_METHODS, Admin, browser_refusal
 from pulsegate.config import Config
@@ -113,8 +114,16 @@ def build_app(
                 cache[0] = (names, orjson.dumps({"object": "list", "data": data}))
             return web.Response(body=cache[0][1], content_type="application/json")
 
+        async def expect(request: web.Request) -> None:
+            """`Expect: 100-continue` with a Content-Length past the limit: no 100, so the
+            handler's 413 comes before the client uploads it (aiohttp's default handler
+            sent 100 first, inviting a 100 MiB upload to be refused)."""
+            cl = request.content_length
+            if cl is None or cl <= side.forwarder.limits.max_body:
+                await _default_expect_handler(request)
+
         for path in API:
-            r.add_post(path, proxied(path))
+            r.add_post(path, proxied(path), expect_handler=expect)
         r.add_get("/v1/models", models)
 
     async def healthz(request: web.Request) -> web.StreamResponse:

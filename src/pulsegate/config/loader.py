@@ -71,6 +71,8 @@ from pulsegate.config.values import (
 )
 
 T = TypeVar("T")
+# A key an error can name as is; any other (empty, spaced, a colon, a quote) is quoted.
+_PLAIN_KEY = re.compile(r"^[^\s:.'\"\[\]]+$")
 
 
 class ConfigError(Exception):
@@ -99,7 +101,7 @@ class _Reader:
         return f"{self.path}.{name}" if self.path else name
 
     def error(self, path: str, msg: str) -> None:
-        self.errors.append(f"{path}: {msg}")
+        self.errors.append(f"{path or '(top level)'}: {msg}")
 
     def get(self, name: str, default: T, conv: Callable[[object], T]) -> T:
         self.seen.add(name)
@@ -122,8 +124,9 @@ class _Reader:
 
     def finish(self) -> None:
         for k in self.data:
-            if k not in self.seen:
-                self.error(self.key(str(k)), "unknown key")
+            if k not in self.seen:  # an empty, spaced or non-string key is quoted
+                name = k if isinstance(k, str) and _PLAIN_KEY.match(k) else repr(k)
+                self.error(self.key(name), "unknown key")
 
 
 def _backend(r: _Reader) -> BackendConfig:

@@ -38,6 +38,7 @@ from pulsegate.proxy.request import (
     Limits,
     ProxyRequest,
     Rejection,
+    body_too_slow,
     parse,
     too_large,
 )
@@ -92,6 +93,10 @@ class Forwarder:
         )
         self.max_attempts = r.max_attempts
         self.queue_timeout = config.routing.queue_timeout
+        # A body still arriving gets `gateway.client_idle_timeout` (75 s) to arrive whole: a
+        # client trickling it (slow-body slowloris) held its connection, handler and up to
+        # `max_body_bytes` of buffer for as long as it went on (issue #22).
+        self.body_timeout = config.gateway.client_idle_timeout
         self.budget = budget
         # `resume: none`: an engine that cannot continue a stream is never a continuation
         # target, whatever engine the stream broke on.
@@ -139,9 +144,15 @@ class Forwarder:
         if cl is not None and cl > max_body:
             return _rejected(too_large(max_body), ex)
         try:
-            body = await request.read()
+            if request.content.is_eof():  # the body came with the head (most): no timer
+                body = await request.read()
+            else:
+                async with asyncio.timeout(self.body_timeout):
+                    body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _rejected(too_large(max_body), ex)
+        except TimeoutError:
+            return _rejected(body_too_slow(self.body_timeout), ex)
         req = parse(path, body, request.headers.get("x-session-id"), self.limits)
         if isinstance(req, Rejection):
             return _rejected(req, ex)

@@ -172,6 +172,10 @@ def too_large(limit: int) -> Rejection:
     return Rejection(413, f"request body exceeds the {limit}-byte limit", "request_too_large")
 
 
+def body_too_slow(seconds: float) -> Rejection:
+    return Rejection(408, f"request body did not arrive within {seconds:g}s", "request_timeout")
+
+
 def session_key(
     doc: dict[str, Any], header: str | None, prefix_chars: int, api: str = "chat"
 ) -> str | None:

@@ -59,14 +59,14 @@ def resume_body(doc: dict[str, Any], path: str, state: StreamState) -> bytes:
         new["prompt"] = doc["prompt"] + text
     for key in ("max_tokens", "max_completion_tokens"):
         v = doc.get(key)
-        if isinstance(v, int):
+        if isinstance(v, int) and not isinstance(v, bool):  # `true` is no budget
             new[key] = max(1, v - state.tokens)
     return orjson.dumps(new)
 
 
 def remaining_tokens(doc: dict[str, Any], state: StreamState) -> int | None:
     v = doc.get("max_completion_tokens", doc.get("max_tokens"))
-    return v - state.tokens if isinstance(v, int) else None
+    return v - state.tokens if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def track(state: StreamState, obj: dict[str, Any]) -> None:
