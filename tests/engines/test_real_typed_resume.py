@@ -1,8 +1,8 @@
 """Real vLLM's `/v1/responses` and `/v1/messages` streams, SIGKILLed mid-generation.
 
-One Responses and one Messages stream run at once on one vLLM (one session key), which is
-SIGKILLed once both have 200 tokens; both continue on the other vLLM, and both texts must
-be the uninterrupted greedy text. Responses: vLLM continues an input ending with an
+Twenty Responses and twenty Messages streams run at once on one vLLM (one session key),
+which is SIGKILLed once every one has 100 tokens; all continue on the other vLLM, and every
+text must be the uninterrupted greedy text. Responses: vLLM continues an input ending with an
 `incomplete` assistant message (its partial-message completion). Messages: vLLM's own
 `/v1/messages` starts a new turn after a final assistant message (no prefill), so the
 gateway continues through its `/v1/chat/completions` with `continue_final_message` and maps
@@ -21,10 +21,11 @@ import pytest
 from engine_kit import MODEL, EnginePool, record_figures
 from test_real_faults import ENGINE_S, pair  # noqa: F401 - the fixture
 
-from support import Gateway, sse_events
+from support import Gateway, sse_events, wait_until
 
-TOKENS = 800
-KILL_AFTER = 200  # characters (one token each with this tokenizer) read before the kill
+TOKENS = 400
+KILL_AFTER = 100  # characters (one token each with this tokenizer) read before the kill
+PER_API = 20  # streams of each API
 SESSION = {"x-session-id": "typed-real"}
 Q = "hello world"
 
@@ -44,10 +45,17 @@ def _text(path: str, obj: dict[str, Any]) -> str:
     return obj["content"][0]["text"]  # type: ignore[no-any-return]
 
 
+def _state(gw: Gateway, name: str) -> str:
+    doc = httpx.get(f"{gw.url}/admin/backends", timeout=10).json()
+    return next(str(b["state"]) for b in doc["backends"] if b["name"] == name)
+
+
 class Stream:
     def __init__(self, gw: Gateway, path: str, body: dict[str, Any]) -> None:
         self.path, self.events, self.text, self.backend = path, [], "", ""
         self.events: list[tuple[str, dict[str, Any]]]
+        self.gap = 0.0  # the longest wait between two events: the seam, after the kill
+        self.last = 0.0
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(gw, body), daemon=True)
 
@@ -58,6 +66,10 @@ class Stream:
                 assert r.status_code == 200, r.read()
                 self.backend = r.headers["x-pulsegate-backend"]
                 for raw in sse_events(r):
+                    now = time.monotonic()
+                    if self.last:
+                        self.gap = max(self.gap, now - self.last)
+                    self.last = now
                     name, _, data = raw.partition(b"\ndata: ")
                     obj = orjson.loads(data)
                     self.events.append((name.removeprefix(b"event: ").decode(), obj))
@@ -71,8 +83,8 @@ class Stream:
 
 @pytest.mark.timeout(600)
 def test_killed_vllm_typed_streams_resume(pool: EnginePool, pair: Gateway) -> None:  # noqa: F811
-    """Both streams arrive whole in their framing (one created/start, one terminal event,
-    sequence numbers increasing, one id) and both texts are the uninterrupted ones."""
+    """Every stream arrives whole in its framing (one created/start, one terminal event,
+    sequence numbers increasing, one id) and every text is the uninterrupted one."""
     gw = pair
     for name in ("vllm-a", "vllm-b"):
         pool.get(name, timeout=ENGINE_S)
@@ -82,13 +94,19 @@ def test_killed_vllm_typed_streams_resume(pool: EnginePool, pair: Gateway) -> No
         p: _text(p, httpx.post(f"{survivor_url}{p}", json=b, timeout=120).json())
         for p, b in _bodies().items()
     }
-    streams = [Stream(gw, p, b) for p, b in _bodies().items()]
+    # Every stream starts on vllm-a (vllm-b drained: 40 streams would otherwise spill over
+    # both), then vllm-b takes them all once vllm-a is killed.
+    admin = f"{gw.url}/admin/backends/vllm-b"
+    assert httpx.post(f"{admin}/drain", timeout=10).status_code == 200
+    streams = [Stream(gw, p, b) for p, b in _bodies().items() for _ in range(PER_API)]
     for s in streams:
         s.thread.start()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not all(len(s.text) >= KILL_AFTER for s in streams):
         assert not any(s.error for s in streams), [repr(s.error) for s in streams]
         time.sleep(0.01)
+    assert httpx.post(f"{admin}/undrain", timeout=10).status_code == 200
+    wait_until(lambda: _state(gw, "vllm-b") == "ready", timeout=10)
     serving = {s.backend for s in streams}
     assert len(serving) == 1, serving
     (victim,) = serving
@@ -97,28 +115,33 @@ def test_killed_vllm_typed_streams_resume(pool: EnginePool, pair: Gateway) -> No
     for s in streams:
         s.thread.join(timeout=180)
         assert s.error is None, (s.path, repr(s.error))
-    resp, msgs = streams
-    types = [o["type"] for _, o in resp.events]
-    assert types.count("response.created") == 1 and types[-1] == "response.completed"
-    assert not {"response.failed", "error"} & set(types)
-    seqs = [o["sequence_number"] for _, o in resp.events]
-    assert seqs == sorted(set(seqs)), seqs[:20]
-    assert len({o["item_id"] for _, o in resp.events if "item_id" in o}) == 1
-    assert resp.events[-1][1]["response"]["id"] == resp.events[0][1]["response"]["id"]
-    mtypes = [o["type"] for _, o in msgs.events]
-    assert mtypes.count("message_start") == 1 and mtypes[-1] == "message_stop"
-    assert mtypes.count("message_stop") == 1 and "error" not in mtypes
-    assert mtypes.count("message_delta") == 1
-    assert {o["index"] for _, o in msgs.events if o["type"].startswith("content_block")} == {0}
+    for resp in streams[:PER_API]:
+        types = [o["type"] for _, o in resp.events]
+        assert types.count("response.created") == 1 and types[-1] == "response.completed"
+        assert not {"response.failed", "error"} & set(types)
+        seqs = [o["sequence_number"] for _, o in resp.events]
+        assert seqs == sorted(set(seqs)), seqs[:20]
+        assert len({o["item_id"] for _, o in resp.events if "item_id" in o}) == 1
+        assert resp.events[-1][1]["response"]["id"] == resp.events[0][1]["response"]["id"]
+    for msgs in streams[PER_API:]:
+        mtypes = [o["type"] for _, o in msgs.events]
+        assert mtypes.count("message_start") == 1 and mtypes[-1] == "message_stop"
+        assert mtypes.count("message_stop") == 1 and "error" not in mtypes
+        assert mtypes.count("message_delta") == 1
+        idx = {o["index"] for _, o in msgs.events if o["type"].startswith("content_block")}
+        assert idx == {0}
+    gaps = sorted(s.gap for s in streams)
+    whole = {p: sum(s.text == expected[p] for s in streams if s.path == p) for p in expected}
     record_figures(
-        "vLLM SIGKILLed mid-stream, Responses and Messages",
+        "vLLM SIGKILLed mid-stream, 20 Responses and 20 Messages streams",
         {
-            "responses text == uninterrupted": resp.text == expected["/v1/responses"],
-            "messages text == uninterrupted": msgs.text == expected["/v1/messages"],
-            "chars received (responses, messages)": (len(resp.text), len(msgs.text)),
-            "usage (responses)": resp.events[-1][1]["response"].get("usage"),
-            "usage (messages)": next(o for t, o in msgs.events if t == "message_delta")["usage"],
+            "responses whole and == uninterrupted": f"{whole['/v1/responses']}/{PER_API}",
+            "messages whole and == uninterrupted": f"{whole['/v1/messages']}/{PER_API}",
+            "seam pause p50 / max (s)": (round(gaps[len(gaps) // 2], 3), round(gaps[-1], 3)),
+            "usage (a responses stream)": streams[0].events[-1][1]["response"].get("usage"),
+            "usage (a messages stream)": next(
+                o for t, o in streams[-1].events if t == "message_delta"
+            )["usage"],
         },
     )
-    assert resp.text == expected["/v1/responses"]
-    assert msgs.text == expected["/v1/messages"]
+    assert whole == {p: PER_API for p in expected}, whole
