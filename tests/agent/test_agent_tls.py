@@ -406,6 +406,9 @@ class TlsTransport:
     def write(self, data: bytes) -> None:
         pass
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written went out
+
     def abort(self) -> None:
         self.aborted = True
 
