@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ from pulsegate.config import parse_config
 from pulsegate.observe.metrics import Registry
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.request import Limits, parse
+from timing import ns_per_call
 
 CHAT = orjson.dumps(
     {
@@ -48,15 +48,6 @@ def limits(n: int, half_chat_only: bool) -> Limits:
         backends.append(b)
     cfg = parse_config({"backends": backends})
     return Limits(4 << 20, 5.0, 0.1, 300.0, 0, tuple(cfg.backends))
-
-
-def ns_per_call(fn: Callable[[], object], calls: int) -> float:
-    for _ in range(1000):
-        fn()
-    t0 = time.thread_time_ns()
-    for _ in range(calls):
-        fn()
-    return (time.thread_time_ns() - t0) / calls
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import orjson
@@ -23,6 +22,7 @@ import orjson
 from pulsegate.proxy.dialects import Messages, Responses, for_api
 from pulsegate.proxy.dialects.base import StreamState
 from pulsegate.proxy.dialects.chat import track
+from timing import ns_per_call
 
 _CHOICE = {"index": 0, "delta": {"content": " alpha"}, "logprobs": None, "finish_reason": None}
 CHAT = orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
@@ -32,15 +32,6 @@ RESP = orjson.dumps({"type": "response.output_text.delta", "item_id": "msg_01234
                      "sequence_number": 42})  # fmt: skip
 MSG = orjson.dumps({"type": "content_block_delta", "index": 0,
                     "delta": {"type": "text_delta", "text": " alpha"}})  # fmt: skip
-
-
-def ns_per_call(fn: Callable[[], object], calls: int) -> float:
-    for _ in range(1000):
-        fn()
-    t0 = time.thread_time_ns()
-    for _ in range(calls):
-        fn()
-    return (time.thread_time_ns() - t0) / calls
 
 
 def main() -> None:
