@@ -129,13 +129,20 @@ class _Reader:
                 self.error(self.key(name), "unknown key")
 
 
-def _backend(r: _Reader) -> BackendConfig:
-    d = BackendConfig(name="", url="")
+def _required_name(r: _Reader) -> str:
+    """The entry's `name`: required, 1-63 of letters, digits, '_', '.' or '-' (a backend's,
+    a client key's: both end up as metric labels)."""
     name = r.get("name", "", _str)
     if "name" not in r.data:
         r.error(r.key("name"), "is required")
     elif not _NAME.match(name):
         r.error(r.key("name"), "must be 1-63 letters, digits, '_', '.' or '-'")
+    return name
+
+
+def _backend(r: _Reader) -> BackendConfig:
+    d = BackendConfig(name="", url="")
+    name = _required_name(r)
     url = r.get("url", "", _url)
     if "url" not in r.data:
         r.error(r.key("url"), "is required")
@@ -348,11 +355,7 @@ def _sha256(v: object) -> str:
 
 def _key(r: _Reader) -> KeyConfig:
     """One `auth` key entry; a `key_env` key is hashed here and only its digest kept."""
-    name = r.get("name", "", _str)
-    if "name" not in r.data:
-        r.error(r.key("name"), "is required")
-    elif not _NAME.match(name):
-        r.error(r.key("name"), "must be 1-63 letters, digits, '_', '.' or '-'")
+    name = _required_name(r)
     digest = r.get("sha256", "", _sha256)
     env = r.get("key_env", None, _env_name)
     if "sha256" in r.data and "key_env" in r.data:
