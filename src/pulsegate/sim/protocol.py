@@ -121,6 +121,23 @@ def _load(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def chat_prompt(turns: list[tuple[str, str]], cont: bool, add_gen: bool) -> tuple[str, str]:
+    """(the context the answer's words come from, the rendered prompt) of a conversation of
+    (role, text) turns. A continued assistant turn (`cont`) goes on from the question's
+    words followed by the words already given, so a continuation of a partial answer gives
+    the rest of the uninterrupted one, whatever API asked for it."""
+    texts = [t for _, t in turns]
+    if cont:
+        prev = texts[-2] if len(texts) >= 2 else ""
+        context = prev + " " + texts[-1]
+    else:
+        context = texts[-1]
+    rendered = "".join(f"<|{r}|>\n{t}\n" for r, t in turns)
+    if add_gen:
+        rendered += "<|assistant|>\n"
+    return context, rendered
+
+
 def parse_chat(raw: bytes) -> GenRequest:
     """Parse a /v1/chat/completions body; honours vLLM's ``continue_final_message``."""
     body = _load(raw)
@@ -139,17 +156,9 @@ def parse_chat(raw: bytes) -> GenRequest:
     add_gen = _opt_bool(body, "add_generation_prompt", not cont)
     if cont and add_gen:
         raise _bad("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-    if cont:
-        if roles[-1] != "assistant":
-            raise _bad("`continue_final_message` needs the last message to be 'assistant'")
-        # Continue the partial answer: the question's words, then the words already given.
-        prev = texts[-2] if len(texts) >= 2 else ""
-        context = prev + " " + texts[-1]
-    else:
-        context = texts[-1]
-    rendered = "".join(f"<|{r}|>\n{t}\n" for r, t in zip(roles, texts, strict=True))
-    if add_gen:
-        rendered += "<|assistant|>\n"
+    if cont and roles[-1] != "assistant":
+        raise _bad("`continue_final_message` needs the last message to be 'assistant'")
+    context, rendered = chat_prompt(list(zip(roles, texts, strict=True)), cont, add_gen)
     return GenRequest(
         kind="chat",
         model=model,

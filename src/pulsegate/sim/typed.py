@@ -42,6 +42,7 @@ from pulsegate.sim.protocol import (
     _load,
     _opt_bool,
     _opt_int,
+    chat_prompt,
 )
 from pulsegate.sim.sink import TokenSink
 from pulsegate.sim.text import count_words
@@ -98,12 +99,7 @@ def _request(
         raise _bad("'model' must be a string")
     texts = [t for _, t in turns]
     cont = kw.pop("cont")
-    # A continued assistant turn: the question's words, then the words already given.
-    prev = texts[-2] if len(texts) >= 2 else ""
-    context = f"{prev} {texts[-1]}" if cont else texts[-1]
-    rendered = "".join(f"<|{r}|>\n{t}\n" for r, t in turns)
-    if not cont:
-        rendered += "<|assistant|>\n"
+    context, rendered = chat_prompt(turns, cont, not cont)
     return TypedRequest(
         kind="chat",
         model=model,
