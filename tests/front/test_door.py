@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 
 from pulsegate.config import Config, parse_config
-from pulsegate.front.door import BYTES_PER_TOKEN, FrontDoor, duration, front_door
+from pulsegate.front.door import BYTES_PER_TOKEN, FrontDoor, front_door
+from pulsegate.front.headers import duration
 from pulsegate.observe.metrics import Registry
 from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics

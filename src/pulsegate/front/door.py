@@ -6,7 +6,8 @@ digest) and a `LimitStore` (their buckets). Per request:
 - `identify` (before the body is read): the presented key's digest names the caller, or
   the answer is 401 `invalid_api_key`. It sets `ex.key` (the name) and `ex.ticket`, so the
   forwarder calls `settle` for every request a known key made, refused or not, and
-  `pulsegate_key_requests_total` counts them all.
+  `pulsegate_key_requests_total` counts them all. `ex.ticket` is the key's `Caller`: its
+  limits' `Account` is bound when the ring is made, so a request looks nothing up.
 - `admit` (after the parse): the model against the key's globs (403 `model_not_allowed`),
   then one request and the prompt's estimated tokens from the store (429 `rate_limited`
   with `Retry-After`). The `x-ratelimit-*` headers go on the refusal and on the answer.
@@ -31,7 +32,7 @@ from collections.abc import Callable, Mapping
 
 from pulsegate.config import Config
 from pulsegate.front.keys import Caller, KeyRing, presented
-from pulsegate.front.limits import Grant, LimitStore, LocalLimits, Quota
+from pulsegate.front.limits import Account, LimitStore, LocalLimits, Quota
 from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.request import ProxyRequest, Rejection
@@ -48,21 +49,11 @@ _MISSING = Rejection(
 _UNKNOWN = Rejection(401, "invalid API key", "invalid_api_key")
 
 
-class Ticket:
-    """What the door knows of one request of a known key (`ex.ticket`)."""
-
-    __slots__ = ("admitted", "caller", "estimate")
-
-    def __init__(self, caller: Caller) -> None:
-        self.caller = caller
-        self.admitted = False
-        self.estimate = 0
-
-
 class FrontDoor:
     def __init__(self, ring: KeyRing, store: LimitStore, metrics: ProxyMetrics) -> None:
         self.ring = ring
         self.store = store
+        ring.bind(store)
         self._requests = metrics.key_requests
         self._tokens = metrics.key_tokens
         self._rejections = metrics.key_rejections
@@ -77,8 +68,7 @@ class FrontDoor:
             self._rejections.inc((NO_KEY, "unknown_key"))
             return _UNKNOWN
         ex.key = caller.name
-        # A key without limits needs no per-request state: its Caller is the ticket.
-        ex.ticket = Ticket(caller) if caller.limited else caller
+        ex.ticket = caller
         return None
 
     def listing(self, headers: Mapping[str, str]) -> Rejection | Callable[[str], bool]:
@@ -92,12 +82,8 @@ class FrontDoor:
         return caller.models.allows
 
     def admit(self, req: ProxyRequest, ex: Exchange, now: float) -> Rejection | None:
-        t = ex.ticket
-        if type(t) is Ticket:
-            c = t.caller
-        elif type(t) is Caller:
-            c = t
-        else:  # never identified: closed, not open
+        c = ex.ticket
+        if type(c) is not Caller:  # never identified: closed, not open
             return _UNKNOWN
         m = c.models
         if not m.all and not m.allows(req.model):
@@ -105,31 +91,27 @@ class FrontDoor:
             return Rejection(
                 403, f"key '{c.name}' may not use model '{req.model}'", "model_not_allowed"
             )
-        if type(t) is not Ticket:
+        a = c.account
+        if a is None:
             return None  # no limits: nothing to take, nothing to settle
-        q = c.quota
-        estimate = len(req.body) // BYTES_PER_TOKEN if q.tpm else 0
-        g = self.store.admit(c.name, q, estimate, now)
-        headers = rate_headers(q, g)
-        if not g.ok:
-            self._rejections.inc((c.name, g.reason))
-            wait = max(1, math.ceil(g.retry_after))
+        estimate = len(req.body) // BYTES_PER_TOKEN if a.tokens is not None else 0
+        reason = a.take(estimate, now)
+        headers = rate_headers(c, a)
+        if reason:
+            self._rejections.inc((c.name, reason))
+            after = a.retry_after
+            wait = max(1, math.ceil(after))
             headers["retry-after"] = str(wait)
             # The openai and anthropic clients read this first: a 0.2 s wait is not 1 s.
-            headers["retry-after-ms"] = str(max(1, math.ceil(g.retry_after * 1000)))
-            return Rejection(429, _over(c.name, q, g.reason, wait), "rate_limited", headers)
-        t.admitted = True
-        t.estimate = estimate
+            headers["retry-after-ms"] = str(max(1, math.ceil(after * 1000)))
+            return Rejection(429, _over(c.name, c.quota, reason, wait), "rate_limited", headers)
+        ex.charged = estimate
         ex.reply_headers = headers
         return None
 
     def settle(self, ex: Exchange, now: float) -> None:
-        t = ex.ticket
-        if type(t) is Ticket:
-            c = t.caller
-        elif type(t) is Caller:
-            c = t
-        else:
+        c = ex.ticket
+        if type(c) is not Caller:
             return
         self._requests.inc(c.code(ex.status))
         tin, tout = ex.tokens_in, ex.tokens_out
@@ -137,45 +119,37 @@ class FrontDoor:
             self._tokens.inc(c.prompt, tin)
         if tout is not None:
             self._tokens.inc(c.completion, tout)
-        if type(t) is Ticket and t.admitted:
-            q = c.quota
-            used = (t.estimate if tin is None else tin) + (tout or 0)
+        estimate = ex.charged
+        a = c.account
+        if estimate >= 0 and a is not None:
+            used = (estimate if tin is None else tin) + (tout or 0)
             # Only a slot in flight or a token count has anything to settle.
-            if q.concurrency or (q.tpm and used != t.estimate):
-                self.store.settle(c.name, q, used - t.estimate, now)
+            if c.quota.concurrency or (used != estimate and a.tokens is not None):
+                a.settle(used - estimate, now)
 
 
-def rate_headers(q: Quota, g: Grant) -> dict[str, str]:
-    """OpenAI's `x-ratelimit-*` headers for the limits `q` has, after grant `g`: the limit,
+def rate_headers(c: Caller, a: Account) -> dict[str, str]:
+    """OpenAI's `x-ratelimit-*` headers for the limits `c` has, at `a`'s levels: the limit,
     what is left (whole units) and the time until the bucket is full again."""
-    rpm, tpm = q.rpm, q.tpm
-    if rpm:
-        level = g.requests
+    r = a.requests
+    if r is not None:
+        s = c.shown_requests
+        s.show(r.level, r.capacity, r.rate)
         h = {
-            "x-ratelimit-limit-requests": str(rpm),
-            "x-ratelimit-remaining-requests": str(int(level)) if level > 0 else "0",
-            "x-ratelimit-reset-requests": duration((rpm - level) * 60.0 / rpm),
+            "x-ratelimit-limit-requests": c.rpm_s,
+            "x-ratelimit-remaining-requests": s.remaining_s,
+            "x-ratelimit-reset-requests": s.reset_s,
         }
     else:
         h = {}
-    if tpm:
-        level = g.tokens
-        h["x-ratelimit-limit-tokens"] = str(tpm)
-        h["x-ratelimit-remaining-tokens"] = str(int(level)) if level > 0 else "0"
-        h["x-ratelimit-reset-tokens"] = duration((tpm - level) * 60.0 / tpm)
+    t = a.tokens
+    if t is not None:
+        s = c.shown_tokens
+        s.show(t.level, t.capacity, t.rate)
+        h["x-ratelimit-limit-tokens"] = c.tpm_s
+        h["x-ratelimit-remaining-tokens"] = s.remaining_s
+        h["x-ratelimit-reset-tokens"] = s.reset_s
     return h
-
-
-def duration(s: float) -> str:
-    """Seconds as OpenAI writes them in `x-ratelimit-reset-*` ("20ms", "1.5s", "6m0s"),
-    rounded up to whole milliseconds (integer arithmetic: `round(x, 3)` costs ~4x more)."""
-    ms = math.ceil(s * 1000.0)
-    if ms < 1000:
-        return f"{ms}ms" if ms > 0 else "0s"
-    m, ms = divmod(ms, 60_000)
-    # An int over 1000 prints with at most 3 decimals (the shortest repr of n / 1000).
-    sec = f"{ms // 1000}" if ms % 1000 == 0 else f"{ms / 1000}"
-    return f"{m}m{sec}s" if m else f"{sec}s"
 
 
 def _over(name: str, q: Quota, reason: str, wait: int) -> str:
@@ -202,4 +176,4 @@ def front_door(
     return FrontDoor(ring, old.store, metrics)
 
 
-__all__ = ["BYTES_PER_TOKEN", "NO_KEY", "FrontDoor", "Ticket", "duration", "front_door"]
+__all__ = ["BYTES_PER_TOKEN", "NO_KEY", "FrontDoor", "front_door", "rate_headers"]

@@ -22,8 +22,8 @@ whole `tpm` is admitted from a full bucket (it could never be admitted otherwise
 leaves it that far in debt.
 
 `LimitStore` is the seam: `LocalLimits` keeps the buckets in this process; a store shared
-between gateway replicas (#17, Redis) implements the same three calls. Nothing here reads
-the clock: every call takes `now` (monotonic seconds).
+between gateway replicas (#17, Redis) hands out `Account`s with the same two calls.
+Nothing here reads the clock: every call takes `now` (monotonic seconds).
 """
 
 from __future__ import annotations
@@ -53,17 +53,6 @@ class Quota:
         return Quota(-(-self.rpm // n), -(-self.tpm // n), -(-self.concurrency // n))
 
 
-@dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, per request
-class Grant:
-    """The answer to an admission, and the levels the `x-ratelimit-*` headers are made of."""
-
-    ok: bool
-    reason: str  # "" when admitted, else "rpm", "tpm" or "concurrency"
-    retry_after: float  # seconds; 0 when admitted
-    requests: float  # the requests bucket's level after it (0 without an rpm)
-    tokens: float  # the tokens bucket's level after it (negative: in debt)
-
-
 class Bucket:
     """A token bucket of `capacity`, refilled at capacity / 60 per second."""
 
@@ -88,18 +77,23 @@ class Bucket:
 
 
 class KeyState:
-    """One key's buckets and its requests in flight, under one `Quota`."""
+    """One key's buckets and its requests in flight, under one `Quota`: the `Account` a
+    `LocalLimits` store hands the door for that key."""
 
-    __slots__ = ("inflight", "quota", "requests", "tokens")
+    __slots__ = ("inflight", "quota", "requests", "retry_after", "tokens")
 
     def __init__(self, quota: Quota, now: float) -> None:
         self.quota = quota
         self.requests = Bucket(quota.rpm, now) if quota.rpm else None
         self.tokens = Bucket(quota.tpm, now) if quota.tpm else None
         self.inflight = 0
+        self.retry_after = 0.0
 
-    def admit(self, tokens: int, now: float) -> Grant:
-        """Take one request and `tokens` if every limit allows both, else nothing."""
+    def take(self, tokens: int, now: float) -> str:
+        """Take one request and `tokens` if every limit allows both and answer "", else
+        take nothing and answer the reason ("concurrency", "rpm" or "tpm"), with
+        `retry_after` the seconds until the longest wait is over. The buckets' levels
+        after it are what the `x-ratelimit-remaining-*` headers show."""
         reason = ""
         wait = 0.0
         limit = self.quota.concurrency
@@ -111,7 +105,9 @@ class KeyState:
         if r is not None:
             rl = r.level
             if now > r.at:
-                rl = min(r.capacity, rl + (now - r.at) * r.rate)
+                rl = rl + (now - r.at) * r.rate
+                if rl > r.capacity:
+                    rl = r.capacity
                 r.level, r.at = rl, now
             if rl < 1.0:
                 reason, wait = "rpm", max(wait, r.wait(1.0))
@@ -120,46 +116,62 @@ class KeyState:
         if t is not None:
             tl = t.level
             if now > t.at:
-                tl = min(t.capacity, tl + (now - t.at) * t.rate)
+                tl = tl + (now - t.at) * t.rate
+                if tl > t.capacity:
+                    tl = t.capacity
                 t.level, t.at = tl, now
             need = float(tokens) if tokens < t.capacity else t.capacity
             if tl < need or tl < 0.0:
                 reason, wait = "tpm", max(wait, t.wait(max(need, 0.0)))
         if reason:
-            return Grant(False, reason, wait, rl, tl)
+            self.retry_after = wait
+            return reason
         if r is not None:
-            rl = r.level = rl - 1.0
+            r.level = rl - 1.0
         if t is not None:
-            tl = t.level = tl - tokens
+            t.level = tl - tokens
         self.inflight += 1
-        return Grant(True, "", 0.0, rl, tl)
+        return ""
 
     def settle(self, tokens: int, now: float) -> None:
-        """An admitted request ended; `tokens` corrects what `admit` took (the answer's
+        """An admitted request ended; `tokens` corrects what `take` took (the answer's
         usage minus the estimate: negative is a refund)."""
-        self.inflight = max(0, self.inflight - 1)
+        if self.inflight > 0:
+            self.inflight -= 1
         t = self.tokens
         if t is not None and tokens:
             t.refill(now)
-            t.level = min(t.capacity, t.level - tokens)
+            level = t.level - tokens
+            t.level = level if level < t.capacity else t.capacity
+
+
+class Account(Protocol):
+    """One key's counters as the door uses them (`KeyState` in this process)."""
+
+    requests: Bucket | None
+    tokens: Bucket | None
+    retry_after: float
+
+    def take(self, tokens: int, now: float) -> str: ...
+
+    def settle(self, tokens: int, now: float) -> None: ...
 
 
 class LimitStore(Protocol):
     """Where the keys' counters live: this process (`LocalLimits`) or a store the gateway
-    replicas share (#17). Keys are the key *names*."""
+    replicas share (#17). Keys are the key *names*. The door binds each key's `Account`
+    once (when its ring is made), so a request costs no lookup here."""
 
-    def admit(self, key: str, quota: Quota, tokens: int, now: float) -> Grant:
-        """Take one request (and one slot in flight) and `tokens` for `key`, or refuse."""
-        ...
-
-    def settle(self, key: str, quota: Quota, tokens: int, now: float) -> None:
-        """An admitted request of `key` ended: free its slot, correct its tokens by `tokens`."""
+    def account(self, key: str) -> Account:
+        """The counters of `key`, one of the keys in force."""
         ...
 
     def retune(self, quotas: Mapping[str, Quota], now: float) -> None:
         """A reload: the keys now in force and their quotas. A key whose quota is unchanged
         keeps its counters (a reload must not hand everyone a fresh minute); a changed one
-        starts full under its new quota; a removed one is forgotten."""
+        starts full under its new quota; a removed one is forgotten. A request admitted
+        before settles on the account it was admitted on: a replaced one, which nobody
+        reads any more."""
         ...
 
 
@@ -169,32 +181,18 @@ class LocalLimits:
     def __init__(self, quotas: Mapping[str, Quota], now: float) -> None:
         self.states: dict[str, KeyState] = {k: KeyState(q, now) for k, q in quotas.items()}
 
-    def admit(self, key: str, quota: Quota, tokens: int, now: float) -> Grant:
-        s = self.states.get(key)
-        # `is` first: the door hands back the very Quota the state was made with (retune
-        # keeps it so), and a dataclass == costs ~0.3 us.
-        if s is None or (s.quota is not quota and s.quota != quota):
-            s = self.states[key] = KeyState(quota, now)
-        return s.admit(tokens, now)
-
-    def settle(self, key: str, quota: Quota, tokens: int, now: float) -> None:
-        s = self.states.get(key)
-        # A request admitted under a quota a reload has since replaced settles nothing:
-        # the new state never counted it.
-        if s is not None and (s.quota is quota or s.quota == quota):
-            s.settle(tokens, now)
+    def account(self, key: str) -> KeyState:
+        return self.states[key]
 
     def retune(self, quotas: Mapping[str, Quota], now: float) -> None:
         old = self.states
         states: dict[str, KeyState] = {}
         for k, q in quotas.items():
             s = old.get(k)
-            if s is not None and s.quota == q:
-                s.quota = q  # the new ring's object, so `admit` finds it by identity
-            else:
+            if s is None or s.quota != q:
                 s = KeyState(q, now)
             states[k] = s
         self.states = states
 
 
-__all__ = ["Bucket", "Grant", "KeyState", "LimitStore", "LocalLimits", "Quota"]
+__all__ = ["Account", "Bucket", "KeyState", "LimitStore", "LocalLimits", "Quota"]

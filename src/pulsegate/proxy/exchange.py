@@ -63,8 +63,10 @@ class Exchange:
     traceparent: str | None = None
     # Headers the door adds to the answer (`x-ratelimit-*`).
     reply_headers: Mapping[str, str] | None = None
-    # What the door admitted, handed back to it at the end.
+    # Who the door identified (its own record of the caller), handed back to it at the end,
+    # and what it charged at admission (the estimated tokens; -1: nothing taken).
     ticket: object = None
+    charged: int = -1
     # The tracer's ids for this request (`observe/traces.py`), made at its first upstream
     # attempt so the backend gets a `traceparent`; None: not traced.
     trace: object = None
@@ -89,7 +91,7 @@ class Door(Protocol):
         ...
 
     def admit(self, req: ProxyRequest, ex: Exchange, now: float) -> Rejection | None:
-        """May the caller send `req` now (model allow-list, limits)? Sets `ex.ticket` and
+        """May the caller send `req` now (model allow-list, limits)? Sets `ex.charged` and
         `ex.reply_headers` when admitted; a refusal is a 403 or 429 with its headers."""
         ...
 
