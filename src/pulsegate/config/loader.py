@@ -25,10 +25,12 @@ from pulsegate.config.schema import (
     AuthConfig,
     BackendConfig,
     CanaryConfig,
+    ClusterConfig,
     Config,
     GatewayConfig,
     HealthConfig,
     HeartbeatConfig,
+    HedgeConfig,
     KeyConfig,
     MicroInferenceConfig,
     ObservabilityConfig,
@@ -48,6 +50,8 @@ from pulsegate.config.validate import (
     key_problems,
     mode_problems,
     probes_problems,
+    redis_url_problems,
+    streaming_problems,
     weights_problems,
 )
 from pulsegate.config.values import (
@@ -72,7 +76,8 @@ from pulsegate.config.values import (
 
 T = TypeVar("T")
 # A key an error can name as is; any other (empty, spaced, a colon, a quote) is quoted.
-_PLAIN_KEY = re.compile(r"^[^\s:.'\"\[\]]+$")
+# Matched with `fullmatch`: a `$` would also match before a final newline ("0\n").
+_PLAIN_KEY = re.compile(r"[^\s:.'\"\[\]]+")
 
 
 class ConfigError(Exception):
@@ -125,7 +130,7 @@ class _Reader:
     def finish(self) -> None:
         for k in self.data:
             if k not in self.seen:  # an empty, spaced or non-string key is quoted
-                name = k if isinstance(k, str) and _PLAIN_KEY.match(k) else repr(k)
+                name = k if isinstance(k, str) and _PLAIN_KEY.fullmatch(k) else repr(k)
                 self.error(self.key(name), "unknown key")
 
 
@@ -313,6 +318,18 @@ def _retry(r: _Reader) -> RetryConfig:
         per_token_timeout=r.get("per_token_timeout", d.per_token_timeout, _dur()),
         request_timeout=r.get("request_timeout", d.request_timeout, _dur(0.01)),
         connect_timeout=r.get("connect_timeout", d.connect_timeout, _dur(0.01)),
+        hedge=_hedge(r.sub("hedge")),
+    )
+    r.finish()
+    return c
+
+
+def _hedge(r: _Reader) -> HedgeConfig:
+    d = HedgeConfig()
+    c = HedgeConfig(
+        enabled=r.get("enabled", d.enabled, _bool),
+        factor=r.get("factor", d.factor, _num(1.0, 100.0)),
+        budget=r.get("budget", d.budget, _num(0.0, 1.0)),
     )
     r.finish()
     return c
@@ -325,7 +342,10 @@ def _streaming(r: _Reader) -> StreamingConfig:
         stall_timeout=r.get("stall_timeout", d.stall_timeout, _dur(0.01)),
         max_resumes=r.get("max_resumes", d.max_resumes, _int(0, 10)),
         shutdown_grace=r.get("shutdown_grace", d.shutdown_grace, _dur()),
+        stall_floor=r.get("stall_floor", d.stall_floor, _dur(0.01)),
+        stall_factor=r.get("stall_factor", d.stall_factor, _num(0.0, 1000.0)),
     )
+    r.record(streaming_problems(c))
     r.finish()
     return c
 
@@ -442,6 +462,25 @@ def _observability(r: _Reader) -> ObservabilityConfig:
     return c
 
 
+def _cluster(r: _Reader) -> ClusterConfig:
+    d = ClusterConfig()
+    c = ClusterConfig(
+        redis=r.get("redis", d.redis, _str),
+        replica_id=r.get("replica_id", d.replica_id, _name_or_auto),
+    )
+    if c.redis is not None:
+        r.record(redis_url_problems(c.redis))
+    r.finish()
+    return c
+
+
+def _name_or_auto(v: object) -> str:
+    s = _str(v)
+    if not s or len(s) > 128 or not s.isprintable() or " " in s:
+        raise ValueError("must be a short name without spaces, or auto")
+    return s
+
+
 def parse_config(data: object, base_dir: str | None = None) -> Config:
     """Validate a parsed YAML document; raises ConfigError listing every problem.
     `base_dir`: where a relative `auth.keys_file` is (the config file's directory)."""
@@ -469,6 +508,7 @@ def parse_config(data: object, base_dir: str | None = None) -> Config:
         alerts=_alerts(root.sub("alerts")),
         observability=_observability(root.sub("observability")),
         auth=_auth(root, base_dir),
+        cluster=_cluster(root.sub("cluster")),
     )
     root.finish()
     root.record(mode_problems(cfg))

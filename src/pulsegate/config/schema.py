@@ -174,6 +174,17 @@ class RoutingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class HedgeConfig:
+    """`retry.hedge` (docs/stall-and-hedge.md): a stream whose first token is later than
+    `factor` x the fleet's usual TTFT p95 is sent to the next best backend too; the first
+    to answer wins, the other is cancelled. Within `budget` hedges per request."""
+
+    enabled: bool = False
+    factor: float = 2.0
+    budget: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
 class RetryConfig:
     max_attempts: int = 3
     budget_ratio: float = 0.2
@@ -186,12 +197,18 @@ class RetryConfig:
     per_token_timeout: float = 0.1
     request_timeout: float = 300.0
     connect_timeout: float = 1.0
+    hedge: HedgeConfig = field(default_factory=HedgeConfig)
 
 
 @dataclass(frozen=True, slots=True)
 class StreamingConfig:
     resume: bool = True
     stall_timeout: float = 1.0
+    # Once a stream's first token is out, no token for max(stall_floor, stall_factor x its
+    # backend's recent inter-token p99 or its own longest gap) cuts it, at most
+    # stall_timeout (docs/stall-and-hedge.md has the measurement). stall_factor 0: off.
+    stall_floor: float = 0.15
+    stall_factor: float = 4.0
     max_resumes: int = 2
     shutdown_grace: float = 10.0
 
@@ -209,6 +226,15 @@ class ObservabilityConfig:
     # `/v1/traces` added when the URL has no path); None: off.
     otlp_endpoint: str | None = None
     service_name: str = "pulsegate"  # the traces' `service.name`
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    # Gateway replicas that name the same Redis share evidence, probing and limits
+    # (`replicas/`); None: this gateway works alone. The URL may carry a password: it is
+    # kept out of reprs, logs, errors and the admin API.
+    redis: str | None = field(default=None, repr=False)
+    replica_id: str = "auto"  # "auto": hostname-pid
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +271,7 @@ class Config:
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # The front door: client keys and their limits; None: no keys asked for.
     auth: AuthConfig | None = None
 

@@ -18,6 +18,7 @@ from pulsegate.config.schema import (
     HealthConfig,
     KeyConfig,
     ProbesConfig,
+    StreamingConfig,
     WeightsConfig,
 )
 
@@ -112,6 +113,31 @@ def health_problems(h: HealthConfig) -> list[Problem]:
     if h.ejection_max < h.ejection_base:
         problems.append(("ejection_max", "must not be less than health.ejection_base"))
     return problems
+
+
+def redis_url_problems(url: str) -> list[Problem]:
+    """`cluster.redis` that redis-py could not connect to (key `redis` under `cluster`). The
+    URL may hold a password: the message never repeats it."""
+    shape = [
+        ("redis", "must be redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://... or unix:///PATH")
+    ]
+    try:
+        u = urlsplit(url)
+        _ = u.port  # raises ValueError when not a number in 0-65535
+    except ValueError:
+        return shape
+    if u.scheme in ("redis", "rediss"):
+        db = u.path.strip("/")
+        return [] if u.hostname and (not db or db.isdigit()) else shape
+    return [] if u.scheme == "unix" and u.path else shape
+
+
+def streaming_problems(s: StreamingConfig) -> list[Problem]:
+    """A stall floor above the stall timeout: the rhythm could never cut sooner than the
+    fixed rule, which is surely not what was meant."""
+    if s.stall_factor > 0 and s.stall_floor > s.stall_timeout:
+        return [("stall_floor", f"must not exceed stall_timeout ({s.stall_timeout * 1000:g}ms)")]
+    return []
 
 
 def mode_problems(cfg: Config) -> list[Problem]:
