@@ -25,6 +25,7 @@ from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.ports import Outcomes
 from pulsegate.proxy.resume import token_count, tokenize_request
+from pulsegate.proxy.rhythm import Rhythms
 from pulsegate.proxy.state import ProxyState
 from pulsegate.proxy.targets import Target
 from pulsegate.proxy.upstream import ProtocolError, Response, Upstream, UpstreamError
@@ -61,7 +62,7 @@ TraceHeaders = Callable[[Exchange, Target], Mapping[str, str]]
 
 
 class AttemptOpener:
-    __slots__ = ("_clock", "_metrics", "_outcomes", "_state", "_upstream", "trace")
+    __slots__ = ("_clock", "_metrics", "_outcomes", "_state", "_upstream", "rhythms", "trace")
 
     def __init__(
         self,
@@ -77,6 +78,9 @@ class AttemptOpener:
         self._metrics = metrics
         self._clock = clock
         self.trace: TraceHeaders | None = None  # set while tracing is on
+        # Each backend's times to first token and inter-token gaps (`rhythm.py`): fed here
+        # and by the relays, read by the stall rule and the hedge.
+        self.rhythms = Rhythms()
 
     async def open(
         self,
@@ -145,6 +149,7 @@ class AttemptOpener:
             ttft = now() - t0
             self._outcomes.report(name, RequestResult(Outcome.OK, ttft, resp.status))
             self._metrics.ttft.observe(ttft)
+            self.rhythms.first_token(name, ttft)
         else:
             self._outcomes.report(name, _OK_NONSTREAM)
         return Opened(target, resp, data)

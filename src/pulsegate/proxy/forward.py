@@ -30,6 +30,7 @@ from pulsegate.proxy.attempt import AttemptOpener, Failure
 from pulsegate.proxy.budget import RetryBudget
 from pulsegate.proxy.errors import error_response
 from pulsegate.proxy.exchange import CLIENT_CLOSED, Door, Exchange, Recorder
+from pulsegate.proxy.hedge import Hedger
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.ports import Outcomes, Router, Verdicts
 from pulsegate.proxy.relay import Relay, StreamSettings
@@ -110,6 +111,15 @@ class Forwarder:
             request_timeout=r.request_timeout,
             max_attempts=r.max_attempts,
             resume_unable=resume_unable,
+            stall_floor=s.stall_floor,
+            stall_factor=s.stall_factor,
+        )
+        # `retry.hedge` (`hedge.py`): a stream's late first token asked of a second backend.
+        h = r.hedge
+        self.hedger = (
+            Hedger(h, targets, opener, state, router, verdicts, metrics, clock)
+            if h.enabled
+            else None
         )
         self.outcomes = outcomes
 
@@ -238,14 +248,20 @@ class Forwarder:
         handed_off = False
         at = ex.attempt(name, now())
         try:
-            opened = await self.opener.open(
-                target, req.path, req.body, req.stream, req.deadline, ex
-            )
+            if self.hedger is not None and req.stream:
+                opened = await self.hedger.open(target, req, ex)
+            else:
+                opened = await self.opener.open(
+                    target, req.path, req.body, req.stream, req.deadline, ex
+                )
             if isinstance(opened, Failure):
                 at.end = now()
                 at.status = opened.status
                 at.outcome = opened.outcome.value
                 return opened
+            if opened.target is not target:  # a hedge won (`hedge.py`): it holds the stream
+                state.release(name)
+                target, name, at = opened.target, opened.target.name, ex.attempts[-1]
             status = opened.resp.status
             at.status = status
             at.outcome = "ok"

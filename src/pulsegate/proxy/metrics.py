@@ -16,6 +16,7 @@ class ProxyMetrics:
     __slots__ = (
         "access_log_dropped",
         "api_requests",
+        "hedges",
         "key_rejections",
         "key_requests",
         "key_tokens",
@@ -53,6 +54,13 @@ class ProxyMetrics:
         )
         self.resumes: Counter = r.counter(
             "pulsegate_stream_resumes_total", "Streams continued on another backend"
+        )
+        # Hedged first tokens (`hedge.py`): hedge_won, primary_won (the other cancelled at
+        # once), hedge_failed, no_budget, no_backend.
+        self.hedges: Counter = r.counter(
+            "pulsegate_hedges_total",
+            "Streams whose first token was late, by what the hedge on a second backend did",
+            ("outcome",),
         )
         self.queued: Counter = r.counter(
             "pulsegate_queued_total", "Requests that waited for a backend with free capacity"
@@ -92,6 +100,7 @@ class ProxyMetrics:
             self.ttft,
             self.retries,
             self.resumes,
+            self.hedges,
             self.queued,
             self.api_requests,
             self.key_requests,

@@ -63,6 +63,9 @@ class StreamSettings:
     request_timeout: float
     max_attempts: int  # continuation targets tried per resume
     resume_unable: tuple[str, ...]  # backends with `resume: none`
+    # The stall rule's rhythm (`rhythm.py`): streaming.stall_floor, stall_factor (0: off).
+    stall_floor: float = 0.15
+    stall_factor: float = 4.0
 
 
 class Relay:
@@ -271,7 +274,7 @@ class Relay:
         proxy = self.proxy
         state = self.state
         parser = SSEParser()
-        watch = Watchdog(self.clock, resp, self.settings.stall, self._may_cut, self.deadline)
+        watch = _watchdog(self, target.name, resp)
         proxy.watch_stream(target.name, watch)
         parts: list[bytes] = []
         try:
@@ -291,7 +294,7 @@ class Relay:
                     watch.holding = True  # a slow client's time is not the engine's
                     await out.write(parts[0] if len(parts) == 1 else b"".join(parts))
                     watch.holding = False
-                    watch.touch()
+                    watch.touch(state.tokens)
                     parts.clear()
                 if why is not _GO_ON:
                     if why is None:
@@ -310,7 +313,7 @@ class Relay:
                         await out.write(done)
                         return None
                     return watch.cut_by or NO_DONE
-                watch.touch()
+                watch.beat()
         finally:
             watch.stop()
             proxy.unwatch_stream(target.name, watch)
@@ -364,6 +367,25 @@ class Relay:
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self._out.write(self.dialect.error(message))
             await self._out.write_eof()
+
+
+def _watchdog(relay: Relay, name: str, resp: UpstreamResponse) -> Watchdog:
+    """The stall watchdog of one upstream of `relay`, following backend `name`'s rhythm
+    from this upstream's first token on (`rhythm.py`)."""
+    s = relay.settings
+    rhythm = relay.opener.rhythms.itl(name) if s.stall_factor > 0 else None
+    watch = Watchdog(
+        relay.clock,
+        resp,
+        s.stall,
+        relay._may_cut,
+        relay.deadline,
+        rhythm,
+        s.stall_floor,
+        s.stall_factor,
+    )
+    watch.tokens_from = relay.state.tokens
+    return watch
 
 
 def _blame(outcomes: Outcomes, stall: float, name: str, cut: Cut) -> None:
