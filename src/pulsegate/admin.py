@@ -181,6 +181,13 @@ class Admin:
         backend = request.query.get("backend")
         return _json({"events": self.gw.health.events.since(since, backend, limit)})
 
+    async def cluster(self, request: web.Request) -> web.StreamResponse:
+        """`GET /admin/cluster`: the replicas sharing this one's Redis (`replicas/`)."""
+        replicas = self.gw.health.replicas
+        if replicas is None:
+            return _json({"replica_id": None, "alone": True, "redis": None, "replicas": []})
+        return _json(replicas.view())
+
     async def action(self, request: web.Request) -> web.StreamResponse:
         gw = self.gw
         name = request.match_info["name"]

@@ -160,6 +160,7 @@ def build_app(
     r.add_get("/dashboard", dashboard)
     r.add_get("/admin/backends", admin.guard(admin.backends))
     r.add_get("/admin/events", admin.guard(admin.events))
+    r.add_get("/admin/cluster", admin.guard(admin.cluster))
     r.add_post("/admin/backends/{name}/{action}", admin.guard(admin.action))
     register_dashboard(app, gw, admin.guard)  # GET /admin/summary, pulsegate_model_backends
     for method, path, handler in admin_extra:

@@ -35,6 +35,7 @@ from pulsegate.runtime import TaskSet
 
 if TYPE_CHECKING:
     from pulsegate.probers.heartbeat import HeartbeatClient
+    from pulsegate.replicas import Replicas
 
 log = logging.getLogger("pulsegate.health")
 
@@ -62,12 +63,19 @@ class HealthService:
         # every batch of transitions (after the events are recorded).
         self.on_change: list[Callable[[], None]] = []
         self.on_transitions: list[TransitionListener] = []
+        self.replicas: Replicas | None = None  # cluster.redis: replicas share what they see
+        if config.cluster.redis:
+            from pulsegate.replicas import Replicas
+
+            self.replicas = Replicas(self, clock, registry)
 
     # -- observations in, decisions out -------------------------------------------------------
 
     def report(self, name: str, obs: Observation) -> None:
         """Feed one observation to the health core and act on what it decides."""
         self.metrics.observed(name, obs)
+        if self.replicas is not None:
+            self.replicas.observed(name, obs)
         transitions = self.fleet.observe(name, obs, self.clock.now())
         if transitions:
             self.emit(transitions)
@@ -178,6 +186,8 @@ class HealthService:
             if b.agent:
                 self._start_heartbeat(b.name, b.agent, tasks)
         self._start_prober(tasks)
+        if self.replicas is not None:
+            self.replicas.start(tasks)
         tasks.spawn(self._tick_loop(), "health-tick")
 
     def _start_heartbeat(self, name: str, agent: str, tasks: TaskSet) -> None:
@@ -201,6 +211,7 @@ class HealthService:
             clock=self.clock,
             token=token,
             tls=_agent_tls(self.config, name),
+            owns=lambda: self._owns(name),
         )
         self.heartbeats[name] = hb
         tasks.spawn(hb.run(), f"heartbeat-{name}")
@@ -216,6 +227,7 @@ class HealthService:
             rng=self.rng,
             clock=self.clock,
             micro_via_agent=self._micro_via_agent,
+            owns=self._owns,
         )
         tasks.spawn(self.prober.start(), "prober-start")
 
@@ -261,6 +273,10 @@ class HealthService:
             f()
         return change
 
+    def _owns(self, name: str) -> bool:
+        # Among replicas, one runs a backend's micro-inference and canary and shares them.
+        return self.replicas is None or self.replicas.owns(name)
+
     def _micro_via_agent(self, name: str) -> bool:
         # While the agent's stream is up, micro-inference travels inside it; when it is down
         # the HTTP prober takes over, so the engine is still proven end to end.
@@ -286,6 +302,8 @@ class HealthService:
             await self.prober.close()
         if self.alerts is not None:
             await self.alerts.close()
+        if self.replicas is not None:
+            await self.replicas.close()
 
     # -- views ----------------------------------------------------------------------------------
 

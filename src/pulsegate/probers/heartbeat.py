@@ -124,6 +124,7 @@ class HeartbeatClient:
         stale_after: float | None = None,
         token: str | None = None,
         tls: AgentTlsConfig | None = None,
+        owns: Callable[[], bool] = lambda: True,
     ) -> None:
         self.name = name
         # The agent's shared token (`agent_token_env`), sent as metadata on every stream;
@@ -144,9 +145,12 @@ class HeartbeatClient:
         self._stale_after = stale_after if stale_after is not None else max(2.0, 20 * cfg.interval)
         next_seq = itertools.count(1).__next__  # one numbering for every message sent
         self._pings = Pings(cfg, clock, next_seq, self._emit)
+        # Among gateway replicas only the backend's owner sends the micro-inference (`owns`);
+        # a round that is not ours is skipped like one without a stream.
         self._micro = StreamMicro(
-            micro, clock, self._rng, next_seq, self._emit, lambda: self._stream is not None
-        )
+            micro, clock, self._rng, next_seq, self._emit,
+            lambda: self._stream is not None and owns(),
+        )  # fmt: skip
 
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stream: GrpcStream | None = None

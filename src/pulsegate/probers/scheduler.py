@@ -107,6 +107,7 @@ class Prober:
         set_models: Callable[[str, tuple[str, ...]], None],
         rng: random.Random,
         micro_via_agent: Callable[[str], bool] = lambda name: False,
+        owns: Callable[[str], bool] = lambda name: True,
         *,
         clock: Clock,
         io: ProbeIO = ProbeIO(),
@@ -121,6 +122,7 @@ class Prober:
         self._rng = rng
         self._clock = clock
         self._via_agent_cb = micro_via_agent
+        self._owns_cb = owns  # gateway replicas: is this one's micro-inference and canary ours
         self._backends: dict[str, _Backend] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -233,6 +235,8 @@ class Prober:
     async def _micro(self, b: _Backend) -> bool:
         if self._call("micro_via_agent", self._via_agent_cb, b.cfg.name) or not self._servable(b):
             return False
+        if not self._owned(b):
+            return False
         model = b.models[0]
         out = await self._io.inference(
             ProbeKind.MICRO,
@@ -247,7 +251,7 @@ class Prober:
         return self._settle(b, Kind.MICRO, out.api, out.result)
 
     async def _canary(self, b: _Backend) -> bool:
-        if not self._servable(b):
+        if not self._servable(b) or not self._owned(b):
             return False
         model = b.models[0]
 
@@ -317,6 +321,11 @@ class Prober:
             self._log_change(b, kind.value, "ok", f"{kind.value} probe of {name} answered")
         self._emit(name, result)
         return not result.ok
+
+    def _owned(self, b: _Backend) -> bool:
+        """This replica runs the backend's micro-inference and canary (another one shares
+        its results otherwise); a failing callback counts as owned: probe rather than not."""
+        return self._call("owns", self._owns_cb, b.cfg.name) is not False
 
     def _unstable(self, b: _Backend) -> bool:
         return bool(self._call("unstable", self._unstable_cb, b.cfg.name))
