@@ -28,9 +28,15 @@ name, and the key itself is never stored (only its digest, in the ring).
 from __future__ import annotations
 
 import math
+import os
+import secrets
+import socket
 from collections.abc import Callable, Mapping
 
+from pulsegate.clock import Clock
 from pulsegate.config import Config
+from pulsegate.front.fleet import FleetLimits
+from pulsegate.front.fleet_sync import FleetSync
 from pulsegate.front.keys import Caller, KeyRing, presented
 from pulsegate.front.limits import Account, LimitStore, LocalLimits, Quota
 from pulsegate.proxy.exchange import Exchange
@@ -50,9 +56,20 @@ _UNKNOWN = Rejection(401, "invalid API key", "invalid_api_key")
 
 
 class FrontDoor:
-    def __init__(self, ring: KeyRing, store: LimitStore, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self,
+        ring: KeyRing,
+        store: LimitStore,
+        metrics: ProxyMetrics,
+        sync: FleetSync | None = None,
+        url: str | None = None,
+    ) -> None:
         self.ring = ring
         self.store = store
+        # With `cluster.redis`: the reports that make the store's limits fleet-wide, and
+        # the URL they go to (compared on reload; never shown).
+        self.sync = sync
+        self.url = url
         ring.bind(store)
         self._requests = metrics.key_requests
         self._tokens = metrics.key_tokens
@@ -162,18 +179,34 @@ def _over(name: str, q: Quota, reason: str, wait: int) -> str:
 
 
 def front_door(
-    cfg: Config, metrics: ProxyMetrics, now: float, old: FrontDoor | None = None
+    cfg: Config,
+    metrics: ProxyMetrics,
+    now: float,
+    old: FrontDoor | None = None,
+    clock: Clock | None = None,
 ) -> FrontDoor | None:
     """The door `cfg.auth` describes, or None without `auth:`. With `old` (a reload) the
-    store carries over, retuned: keys whose limits are unchanged keep their counters.
-    With `gateway.workers` N > 1 each worker enforces 1/N of every limit (`Quota.share`)."""
+    store carries over, retuned: keys whose limits are unchanged keep their counters (a
+    change of `cluster.redis` starts a new store). With `cluster.redis` (and the `clock`
+    its reports run on) the limits hold for the whole fleet (`front/fleet.py`); without it,
+    with `gateway.workers` N > 1, each worker enforces 1/N of every limit (`Quota.share`)."""
     if cfg.auth is None:
         return None
-    ring = KeyRing(cfg.auth.keys, cfg.gateway.workers)
-    if old is None:
+    url = cfg.cluster.redis if clock is not None else None
+    ring = KeyRing(cfg.auth.keys, 1 if url else cfg.gateway.workers)
+    if old is not None and old.url == url:
+        old.store.retune(ring.quotas, now)
+        return FrontDoor(ring, old.store, metrics, old.sync, url)
+    if url is None or clock is None:
         return FrontDoor(ring, LocalLimits(ring.quotas, now), metrics)
-    old.store.retune(ring.quotas, now)
-    return FrontDoor(ring, old.store, metrics)
+    fleet = FleetLimits(ring.quotas, now, participant(), cfg.gateway.workers)
+    return FrontDoor(ring, fleet, metrics, FleetSync(fleet, url, clock), url)
+
+
+def participant() -> str:
+    """This process's name among the fleet's participants: host and pid (every worker is
+    one), and a random tail, since containers' processes all tend to be pid 1."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 __all__ = ["BYTES_PER_TOKEN", "NO_KEY", "FrontDoor", "front_door", "rate_headers"]

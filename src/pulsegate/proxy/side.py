@@ -9,6 +9,7 @@ replaces the request handler: requests in flight finish on the one they started 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 from pulsegate.clock import Clock
@@ -51,16 +52,19 @@ class ProxySide:
         # The front door (`auth:`, `front/door.py`; rebuilt by a reload) and who is told of
         # each finished request (access log, traces): set by whoever composes the process,
         # before `start`.
-        self._front: FrontDoor | None = front_door(config, metrics, clock.now())
+        self._front: FrontDoor | None = front_door(config, metrics, clock.now(), clock=clock)
         self.door: Door | None = self._front
         # The access log and the tracer (`gateway.access_log`, `observability`), followed
         # across reloads; `recorders` adds them to whatever else is told.
         self.recording = Recording(config, verdicts, metrics, self._opener)
         self.recorders: tuple[Recorder, ...] = self.recording.recorders
         self.affinity = ResponseAffinity()  # response id -> backend, kept across reloads
+        self._closing: set[asyncio.Future[None]] = set()  # replaced fleet syncs closing
 
     def start(self) -> Forwarder:
         self.recording.start()
+        if self._front is not None and self._front.sync is not None:
+            self._front.sync.start()  # fleet-wide limits' reports (`cluster.redis`)
         self.forwarder = self._forwarder(retry_budget(self.config, self.clock.now()))
         return self.forwarder
 
@@ -97,8 +101,15 @@ class ProxySide:
         others = tuple(r for r in self.recorders if r not in mine)
         self.recorders = (*others, *self.recording.recorders)
         if self.door is self._front:  # not replaced by whoever composed the process
-            self._front = front_door(cfg, self.metrics, self.clock.now(), self._front)
+            old_sync = self._front.sync if self._front is not None else None
+            self._front = front_door(cfg, self.metrics, self.clock.now(), self._front, self.clock)
             self.door = self._front
+            sync = self._front.sync if self._front is not None else None
+            if sync is not old_sync:  # `cluster.redis` or `auth` changed: a new store
+                if old_sync is not None:
+                    self._closing.add(asyncio.ensure_future(old_sync.close()))
+                if sync is not None:
+                    sync.start()
         budget = self.forwarder.budget
         if cfg.retry != old.retry:
             budget = retry_budget(cfg, self.clock.now())
@@ -109,5 +120,7 @@ class ProxySide:
         self.recording.reopen()
 
     async def close(self) -> None:
+        if self._front is not None and self._front.sync is not None:
+            await self._front.sync.close()
         await self.recording.close()
         await self.upstream.close()
