@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install proto demo test lint fmt test-fast clean screenshot bench bench-smoke test-engines chaos
+.PHONY: install proto demo demo-envoy test lint fmt test-fast clean screenshot bench bench-smoke test-engines chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ install: $(STAMP) $(PROTO_OUT)
 
 demo: install
 	$(VENV)/bin/pulsegate demo
+
+# The same demo behind Envoy, pulsegate as its endpoint picker (docs/epp.md).
+demo-envoy: install
+	$(VENV)/bin/pulsegate demo --data-plane envoy
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench scripts chaos

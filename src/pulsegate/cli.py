@@ -1,4 +1,4 @@
-"""The one entry point: `pulsegate serve|reload|demo|sim|agent|status|check|key`.
+"""The one entry point: `pulsegate serve|epp|reload|demo|sim|agent|status|check|key`.
 
 Each subcommand imports its module lazily so `pulsegate check` stays fast and a missing
 optional dependency only breaks the command that needs it.
@@ -24,6 +24,10 @@ def _parser() -> argparse.ArgumentParser:
         "then make it drain and exit (nothing in flight is lost)",
     )
 
+    s = sub.add_parser("epp", help="run as an Envoy endpoint picker (ext_proc gRPC)")
+    s.add_argument("-c", "--config", required=True, help="YAML config file")
+    s.add_argument("--listen", default="127.0.0.1:9002", help="gRPC HOST:PORT")
+
     s = sub.add_parser("reload", help="make a running gateway re-read its config file")
     s.add_argument("--url", default="http://127.0.0.1:8080")
     s.add_argument("--token-env", default="PULSEGATE_ADMIN_TOKEN")
@@ -34,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--fault-after", type=float, default=15.0, help="seconds before each fault")
     s.add_argument("--fault-hold", type=float, default=15.0, help="seconds each fault lasts")
     s.add_argument("--no-agents", action="store_true", help="no heartbeat agents")
+    s.add_argument(
+        "--data-plane",
+        choices=("pulsegate", "envoy"),
+        default="pulsegate",
+        help="envoy: Envoy in front, pulsegate as its endpoint picker (docs/epp.md)",
+    )
 
     s = sub.add_parser("sim", help="one simulated OpenAI-compatible engine")
     s.add_argument("--port", type=int, required=True)
@@ -139,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         from pulsegate.server import serve
 
         return serve(args.config, args.replace)
+    if args.cmd == "epp":
+        from pulsegate.epp.run import run_epp
+
+        return run_epp(args.config, args.listen)
     if args.cmd == "reload":
         from pulsegate.status import run_reload
 
@@ -181,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         from pulsegate.status import run_status
 
         return run_status(url=args.url, watch=args.watch, token_env=args.token_env)
+    if args.cmd == "demo" and args.data_plane == "envoy":
+        from pulsegate.epp.demo import run_envoy_demo
+
+        return run_envoy_demo(
+            args.port, args.duration, args.fault_after, args.fault_hold, not args.no_agents
+        )
     if args.cmd == "demo":
         from pulsegate.demo import run_demo
 
