@@ -63,19 +63,6 @@ class Refusal:
         return error_body(self.status, self.message, self.code)
 
 
-def limits_of(config: Config) -> Limits:
-    """The parse's limits, from the config as the proxy builds them."""
-    r = config.retry
-    return Limits(
-        max_body=config.gateway.max_body_bytes,
-        per_try=r.per_try_timeout,
-        per_token=r.per_token_timeout,
-        request_timeout=r.request_timeout,
-        prefix_chars=config.routing.prefix_affinity_chars,
-        backends=tuple(config.backends),
-    )
-
-
 class Picker:
     """`pick(path, body, session header, subset)` -> `Pick | Refusal`."""
 
@@ -84,7 +71,7 @@ class Picker:
     def __init__(
         self, config: Config, router: Router, verdicts: Verdicts, endpoints: Endpoints
     ) -> None:
-        self._limits = limits_of(config)
+        self._limits = Limits.of(config)
         self._router = router
         self._verdicts = verdicts
         self._endpoints = endpoints

@@ -84,14 +84,7 @@ class Forwarder:
         self.metrics = metrics
         self.clock = clock
         r = config.retry
-        self.limits = Limits(
-            max_body=config.gateway.max_body_bytes,
-            per_try=r.per_try_timeout,
-            per_token=r.per_token_timeout,
-            request_timeout=r.request_timeout,
-            prefix_chars=config.routing.prefix_affinity_chars,
-            backends=tuple(config.backends),
-        )
+        self.limits = Limits.of(config)
         self.max_attempts = r.max_attempts
         self.queue_timeout = config.routing.queue_timeout
         # A body still arriving gets `gateway.client_idle_timeout` (75 s) to arrive whole: a

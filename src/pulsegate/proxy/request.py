@@ -28,7 +28,7 @@ from pulsegate.proxy.stops import stop_strings
 from pulsegate.proxy.validate import fewer_choices
 
 if TYPE_CHECKING:
-    from pulsegate.config import BackendConfig
+    from pulsegate.config import BackendConfig, Config
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -87,6 +87,19 @@ class Limits:
             if names:
                 lacking[label] = names
         object.__setattr__(self, "lacking", lacking)
+
+    @classmethod
+    def of(cls, config: Config) -> Limits:
+        """The parse's limits as `config` sets them (the proxy's and the endpoint picker's)."""
+        r = config.retry
+        return cls(
+            max_body=config.gateway.max_body_bytes,
+            per_try=r.per_try_timeout,
+            per_token=r.per_token_timeout,
+            request_timeout=r.request_timeout,
+            prefix_chars=config.routing.prefix_affinity_chars,
+            backends=tuple(config.backends),
+        )
 
 
 @dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, per request
