@@ -51,9 +51,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from pulsegate.agent.engine import EngineWatcher, MicroOutcome, Snapshot
-from pulsegate.agent.gpu import GpuChoice, NvmlUnavailable, parse_gpu_option
+from pulsegate.agent.gpu import GpuChoice, GpuFaultWatcher, NvmlUnavailable, parse_gpu_option
 from pulsegate.agent.tls import ServerFiles, TlsSetupError, read_server_files
-from pulsegate.agent.wire import SERVICE_NAME, add_heartbeat_service, fill_facts, pb, pb_grpc
+from pulsegate.agent.wire import (
+    SERVICE_NAME,
+    add_heartbeat_service,
+    fill_facts,
+    fill_faults,
+    pb,
+    pb_grpc,
+)
 from pulsegate.clock import SystemClock
 from pulsegate.probers.http import new_probe_session
 from pulsegate.probers.payload import Api
@@ -81,8 +88,10 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
         token: str | None = None,
         micro_timeout: float = DEFAULT_MICRO_TIMEOUT_S,
         max_streams: int = DEFAULT_MAX_STREAMS,
+        faults: GpuFaultWatcher | None = None,
     ) -> None:
         self._watcher = watcher
+        self._faults = faults
         self._clock = clock_s
         self._expected = f"Bearer {token}".encode() if token else None
         self._micro_timeout = micro_timeout
@@ -107,17 +116,21 @@ class HeartbeatService(pb_grpc.HeartbeatServicer):
         return hmac.compare_digest(presented, self._expected)
 
     def _pong(self, ping: pb.Ping, snap: Snapshot) -> pb.Pong:
-        if snap.version != self._template_version:
+        fw = self._faults
+        # Both versions only grow: their sum moves whenever either does.
+        version = snap.version + (fw.version if fw is not None else 0)
+        if version != self._template_version:
             t = pb.Pong()
             fill_facts(t, snap.facts)
+            fill_faults(t, fw.faults if fw is not None else None)
             t.gpu_source = snap.gpu_source
             if snap.ready is not None:
                 t.engine_ready = snap.ready
             t.engine_status = snap.status
             t.engine_unreachable = not snap.reachable and snap.ready is not None
             t.engine_dialect = snap.dialect
-            t.facts_version = snap.version
-            self._template, self._template_version = t, snap.version
+            t.facts_version = version
+            self._template, self._template_version = t, version
         pong = pb.Pong()
         pong.CopyFrom(self._template)
         pong.seq = ping.seq
@@ -261,6 +274,7 @@ class Agent:
         self._server: grpc.aio.Server | None = None
         self._health: HealthServicer | None = None
         self._watcher: EngineWatcher | None = None
+        self._faults: GpuFaultWatcher | None = None
         self._session: aiohttp.ClientSession | None = None
         self._micro_session: aiohttp.ClientSession | None = None
         self._clock: SystemClock | None = None
@@ -300,9 +314,14 @@ class Agent:
         )
         self._health = HealthServicer()
         self._watcher.on_change(self._engine_changed)
+        self._faults = GpuFaultWatcher(
+            self.gpu, self.engine, refresh=self.refresh, clock=self._clock, session=session
+        )
         try:
             await self._watcher.start()
+            await self._faults.start()
         except BaseException:
+            await self._watcher.stop()
             await session.close()
             await micro_session.close()
             raise
@@ -321,6 +340,7 @@ class Agent:
             token=self._token,
             micro_timeout=self.micro_timeout,
             max_streams=self.max_streams,
+            faults=self._faults,
         )
         add_heartbeat_service(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -375,6 +395,8 @@ class Agent:
     async def _close_sources(self) -> None:
         if self._watcher is not None:
             await self._watcher.stop()
+        if self._faults is not None:
+            await self._faults.stop()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pulsegate.health.observations import EngineFacts
+from pulsegate.health.observations import EngineFacts, GpuFaults
 
 GENERATE_HINT = (
     "pulsegate's gRPC stubs are missing: run `make proto` (or `python -m grpc_tools.protoc "
@@ -34,7 +34,9 @@ __all__ = [
     "StubsMissing",
     "add_heartbeat_service",
     "facts_from_pong",
+    "faults_from_pong",
     "fill_facts",
+    "fill_faults",
     "heartbeat_stub",
     "pb",
     "pb_grpc",
@@ -83,6 +85,32 @@ def fill_facts(pong: pb.Pong, facts: EngineFacts) -> None:
             setattr(pong, pong_field, float(v))
 
 
+# Pong field -> GpuFaults field, and the type the pong's field takes.
+_FAULT_FIELDS: tuple[tuple[str, str, type], ...] = (
+    ("gpu_xid", "xid", int),
+    ("gpu_ecc_dbe", "ecc_dbe", float),
+    ("gpu_remap_pending", "remap_pending", bool),
+    ("gpu_throttle_reasons", "throttle", int),
+    ("gpu_nvlink_errors", "nvlink_errors", float),
+)
+
+
+def fill_faults(pong: pb.Pong, faults: GpuFaults | None) -> None:
+    """Set the pong's GPU fault fields; unknown ones (or all, for None) stay unset."""
+    for pong_field, field, kind in _FAULT_FIELDS:
+        v = getattr(faults, field) if faults is not None else None
+        if v is None:
+            pong.ClearField(pong_field)
+        else:
+            setattr(pong, pong_field, kind(v))
+
+
+def faults_from_pong(pong: pb.Pong) -> GpuFaults | None:
+    """The pong's GPU fault fields; None when it carries none."""
+    values = {f: getattr(pong, p) for p, f, _ in _FAULT_FIELDS if pong.HasField(p)}
+    return GpuFaults(**values) if values else None
+
+
 def facts_from_pong(pong: pb.Pong) -> EngineFacts:
     """The pong's facts as the health core takes them; unset fields are None.
     `source` is ``"agent"`` plus where the GPU figures came from, e.g. ``"agent:nvml"``."""
@@ -90,4 +118,4 @@ def facts_from_pong(pong: pb.Pong) -> EngineFacts:
         f: getattr(pong, p) if pong.HasField(p) else None for p, f in _FACT_FIELDS
     }
     src = "agent:" + pong.gpu_source if pong.gpu_source else "agent"
-    return EngineFacts(source=src, **values)
+    return EngineFacts(source=src, gpu_faults=faults_from_pong(pong), **values)

@@ -16,6 +16,9 @@ Rules (every number is a config key or a named constant in the unit named):
   only signal the renormalised score is the error sub-score, and R17 says error rate alone
   misjudges (`conditions.score_low`). Evaluations run in `tick` every `health.evaluate_interval`
   (`evaluation`).
+- GPU faults in an agent's pong (`gpu_faults`): a fatal Xid (gpu_xid), double-bit ECC errors
+  or a pending row remap (gpu_ecc) eject at once and block ready/rejoin while reported;
+  hardware/thermal clock throttling degrades (gpu_throttle) and holds off recovery.
 - Degraded (routable, down-weighted): score under `degrade_below`, VRAM more than 90% used or
   KV cache more than 95% full; back to ready with hysteresis (`conditions`).
 - Free VRAM under 5% (R5): weight 0 at once (never picked), degraded at the next evaluation,
@@ -53,7 +56,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
-from pulsegate.health import conditions, retune, rules
+from pulsegate.health import conditions, gpu_faults, retune, rules
 from pulsegate.health.backoff import Backoff
 from pulsegate.health.cadence import Cadence, cadence
 from pulsegate.health.evaluation import Evaluation
@@ -99,6 +102,7 @@ class BackendHealth:
         self.backoff = Backoff(health.ejection_base, health.ejection_max, rng)
         self.probation = Probation(health.probation.duration, health.probation.ramp_step)
         self.evidence = Evidence()
+        self.gpu = gpu_faults.GpuWatch()  # Xid / ECC / throttle evidence from the agent
         self._st = Standing(config, health.weights, self.signals, self.probation, now)
         # The median smoothed probe latency of the peers in service for the same models, set
         # by the fleet: a probation judged slow against its own baseline passes when it is as
@@ -154,6 +158,7 @@ class BackendHealth:
         limit), the engine saying it is not ready, or VRAM under 5% free."""
         return (
             self.evidence.not_ready
+            or self.gpu.hard
             or not self._st.weighing.pickable
             or conditions.hard_evidence(self.signals, self._h, self._p) is not None
         )
@@ -244,7 +249,7 @@ class BackendHealth:
         if hb.facts is not None:
             self._st.learn(hb.facts, now)
         if hb.rtt_s is not None:
-            return _NOTHING
+            return self._apply(self.gpu.on_pong(self.state, hb.facts), now)
         return self._apply(rules.heartbeat_death(self.signals, self._p), now)
 
     def _on_probe(self, p: ProbeResult, now: float) -> Sequence[Transition]:
@@ -293,7 +298,8 @@ class BackendHealth:
         return self._apply(self._ready_seen(), now)
 
     def _ready_seen(self) -> Fire | None:
-        return rules.ready_seen(self.state, self.evidence, self.signals, self._h, self._p)
+        fire = rules.ready_seen(self.state, self.evidence, self.signals, self._h, self._p)
+        return self.gpu.gate(fire)
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -309,7 +315,7 @@ class BackendHealth:
         out: list[Transition] = []
         if self._evaluation.due(now):
             self._st.refresh(now)
-            out.extend(self._apply(self._evaluation.judge(self._st, now), now))
+            out.extend(self._apply(self.gpu.gate(self._evaluation.judge(self._st, now)), now))
         if self.state is State.PROBATION:
             p = self.probation
             if not p.done(now):

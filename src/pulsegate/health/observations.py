@@ -66,6 +66,20 @@ class ProbeResult:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFaults:
+    """GPU fault counters from NVML or a DCGM exporter (`health.gpu_faults` judges them).
+    None = unknown. `xid`: the last critical Xid seen (0: none); `ecc_dbe`: volatile
+    double-bit ECC errors; `remap_pending`: a row remap or page retirement waits for a GPU
+    reset; `throttle`: NVML's clocksThrottleReasons bitmask; `nvlink_errors`: CRC flit errors."""
+
+    xid: int | None = None
+    ecc_dbe: float | None = None
+    remap_pending: bool | None = None
+    throttle: int | None = None
+    nvlink_errors: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineFacts:
     """Engine and GPU gauges, from a metrics scrape or an agent's pong. None = unknown."""
 
@@ -80,6 +94,7 @@ class EngineFacts:
     gpu_util: float | None = None  # 0..1
     capacity: float | None = None  # requests the engine runs at once (batch), if known
     source: str = ""  # "vllm", "sglang", "tgi", "dcgm", "nvml", "agent", ...
+    gpu_faults: GpuFaults | None = None  # from an agent's pong (None: not reported)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pulsegate.sim.gpu import THROTTLE, GpuReading, read_gpu
+
 
 class Mode(enum.StrEnum):
     NONE = "none"
@@ -45,6 +47,10 @@ class Mode(enum.StrEnum):
     NOT_JSON = "not_json"  # a non-streamed 200 whose body is HTML, not JSON
     TRICKLE = "trickle"  # the whole answer, one byte every `interval_s`
     HEADERS_RESET = "headers_reset"  # the response head, then a TCP reset
+    # Gray GPU faults: only the DCGM gauges on /metrics show them; inference carries on.
+    XID = "xid"  # DCGM_FI_DEV_XID_ERRORS = `code`
+    ECC = "ecc"  # a volatile double-bit ECC error and a row remap pending
+    THROTTLE = "throttle"  # DCGM_FI_DEV_CLOCK_THROTTLE_REASONS for `reason` (`gpu.THROTTLE`)
 
 
 class Action(enum.Enum):
@@ -70,6 +76,8 @@ class Fault:
     seconds: float = 0.0
     over_bytes: int = 1024
     interval_s: float = 1.0
+    code: int = 79
+    reason: str = "thermal"
 
     def params(self) -> dict[str, Any]:
         """The parameters that mean something for this mode (what /sim/fault shows)."""
@@ -102,6 +110,15 @@ def _count(lo: int, hi: int) -> Callable[[str, object], int]:
     return check
 
 
+def _choice(options: Mapping[str, object]) -> Callable[[str, object], str]:
+    def check(name: str, v: object) -> str:
+        if not isinstance(v, str) or v not in options:
+            raise FaultError(f"'{name}' must be one of {', '.join(options)}, got {v!r}")
+        return v
+
+    return check
+
+
 # mode -> {parameter: (validator, default)}. The default of `after_tokens` is 20 for stall
 # (a stall mid-stream is the interesting case) and None for reset (reset at once).
 _PARAMS: dict[Mode, dict[str, tuple[Callable[[str, object], Any], Any]]] = {
@@ -126,6 +143,9 @@ _PARAMS: dict[Mode, dict[str, tuple[Callable[[str, object], Any], Any]]] = {
     Mode.NOT_JSON: {},
     Mode.TRICKLE: {"interval_s": (_number(0.0, 60.0, lo_open=True), 1.0)},
     Mode.HEADERS_RESET: {},
+    Mode.XID: {"code": (_count(1, 65535), 79)},
+    Mode.ECC: {},
+    Mode.THROTTLE: {"reason": (_choice(THROTTLE), "thermal")},
 }
 
 # The hostile modes that only a stream can show (a non-streamed request is served normally),
@@ -269,3 +289,20 @@ def on_token(fault: Fault, index: int, *, stream: bool) -> Action:
 def slowdown(fault: Fault) -> float:
     """Multiplier on TTFT and ITL."""
     return fault.factor if fault.mode is Mode.SLOW else 1.0
+
+
+def gpu_reading(fault: Fault, **load: Any) -> GpuReading:
+    """`gpu.read_gpu` for the engine's `load` (its keyword arguments but `oom`), as `fault`
+    shows it: `oom`, and the gray GPU faults."""
+    return gpu_gauges(read_gpu(oom=fault.mode is Mode.OOM, **load), fault)
+
+
+def gpu_gauges(reading: GpuReading, fault: Fault) -> GpuReading:
+    """The GPU gauges as the gray GPU faults (`xid`, `ecc`, `throttle`) show them."""
+    if fault.mode is Mode.XID:
+        return replace(reading, xid=fault.code)
+    if fault.mode is Mode.ECC:
+        return replace(reading, ecc_dbe=1, remap_pending=1)
+    if fault.mode is Mode.THROTTLE:
+        return replace(reading, throttle=THROTTLE[fault.reason])
+    return reading

@@ -22,6 +22,16 @@ KV_CAPACITY_TOKENS = 16384
 MEMORY_UTILIZATION = 0.9
 IDLE_TEMP_C = 34.0
 FULL_LOAD_TEMP_C = 79.0
+# The `throttle` fault's reasons -> NVML clocksThrottleReasons bits (what
+# DCGM_FI_DEV_CLOCK_THROTTLE_REASONS shows): a hardware thermal or power-brake slowdown also
+# sets the hardware-slowdown bit, as on a real card.
+THROTTLE = {
+    "thermal": 0x40 | 0x8,
+    "power": 0x80 | 0x8,
+    "hw_slowdown": 0x8,
+    "sw_thermal": 0x20,
+    "sw_power_cap": 0x4,  # routine under load: the gateway judges it as nothing
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,11 @@ class GpuReading:
     temp_c: float
     util_pct: float
     kv_usage: float  # 0..1
+    # Fault gauges (the `xid`, `ecc` and `throttle` faults); 0 on a healthy card.
+    xid: int = 0
+    ecc_dbe: int = 0
+    remap_pending: int = 0
+    throttle: int = 0
 
 
 def read_gpu(

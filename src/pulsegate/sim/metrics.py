@@ -59,6 +59,18 @@ def render(engine: EngineReading, gpu: GpuReading) -> str:
          gpu.fb_used_mb),
         ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", g, gpu.temp_c),
         ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", g, gpu.util_pct),
+        ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.", g,
+         gpu.xid),
+        ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter",
+         "Total number of double-bit volatile ECC errors.", g, gpu.ecc_dbe),
+        ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending.", g,
+         gpu.remap_pending),
+        ("DCGM_FI_DEV_RETIRED_PENDING", "gauge", "Whether pages are pending retirement.", g,
+         gpu.remap_pending),
+        ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons.", g,
+         gpu.throttle),
+        ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
+         "Total number of NVLink flow-control CRC errors.", g, 0),
     ]  # fmt: skip
     lines: list[str] = []
     for name, kind, help_, labels, value in rows:

@@ -32,7 +32,6 @@ from pulsegate.sim import faults as F
 from pulsegate.sim import hostile
 from pulsegate.sim.apis import PoolingApis
 from pulsegate.sim.engine import Engine, Seq
-from pulsegate.sim.gpu import read_gpu
 from pulsegate.sim.metrics import EngineReading, render
 from pulsegate.sim.protocol import (
     Framer,
@@ -193,12 +192,12 @@ class Sim:
             return closed
         e = self.engine
         fault = self.faults.current(self._now())
-        gpu = read_gpu(
+        gpu = F.gpu_reading(
+            fault,
             total_mb=self.opts.gpu_total_mb,
             running=e.running,
             max_batch=e.max_batch,
             kv_tokens=e.kv_tokens,
-            oom=fault.mode is F.Mode.OOM,
         )
         reading = EngineReading(
             model=self.opts.model,
