@@ -37,6 +37,11 @@ demo: install
 demo-envoy: install
 	$(VENV)/bin/pulsegate demo --data-plane envoy
 
+# The same demo behind three gateway replicas sharing one redis-server (docs/replicas.md).
+.PHONY: demo-replicas
+demo-replicas: install
+	$(VENV)/bin/pulsegate demo --replicas 3
+
 lint: install
 	$(VENV)/bin/ruff check src tests bench scripts chaos
 	$(VENV)/bin/ruff format --check src tests bench scripts chaos

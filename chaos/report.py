@@ -117,6 +117,8 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {meta['faults'][f]['title']} | " + " | ".join(cells) + " |")
     if doc.get("heartbeat"):
         lines += ["", *heartbeat_section(doc["heartbeat"])]
+    if doc.get("replicas"):
+        lines += ["", *replicas_section(doc["replicas"])]
     failed = [r for r in runs if not r.get("ok")]
     if failed:
         lines += ["", "## Runs that failed", ""]
@@ -238,5 +240,35 @@ def heartbeat_section(hb: dict[str, Any]) -> list[str]:
             f"| {s['sent_after_detection']} "
             f"| {s.get('client_errors', '-')}/{s.get('client_requests', '-')} "
             f"| {s['back_through_probation']}/{s['trials']} |"
+        )
+    return out
+
+
+def replicas_section(doc: dict[str, Any]) -> list[str]:
+    """Issue 17's table: Redis killed / stopped / cut off under 3 gateway replicas."""
+    meta = doc["meta"]
+    out = [
+        "## Three gateway replicas, one Redis failing (issue 17)",
+        "",
+        f"`python -m chaos.run --replicas`, {meta['started']}, git `{meta['git']}`, "
+        f"{meta['duration_s'] / 60:.1f} min: {meta['backends']} backends, 3 replicas, "
+        f"{meta['rate_rps']:g} client requests/s spread over them, each fault held "
+        f"{meta['hold_s']:g} s. Alone: each replica's `GET /admin/cluster`, polled every 50 ms. "
+        "Client errors: requests sent from the fault to the end of the run. A flap is a "
+        "backend leaving rotation on any replica.",
+        "",
+        "| Redis fault | client errors | p99 | alone (r0 / r1 / r2) | together after lift (last) "
+        "| flaps | degraded dips |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["runs"]:
+        if not r.get("ok"):
+            out.append(f"| {r['title']} | run failed: {r.get('error')} | | | | | |")
+            continue
+        alone = " / ".join(_ms(v) for v in r["time_to_alone_s"].values())
+        e, n = r["client_errors"], r["requests_since_fault"]
+        out.append(
+            f"| {r['title']} | {e}/{n} | {_ms(r['p99_since_fault_s'])} | {alone} "
+            f"| {_ms(r['together_after_lift_max_s'])} | {len(r['flaps'])} | {r['degraded_dips']} |"
         )
     return out

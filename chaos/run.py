@@ -5,6 +5,7 @@
     .venv/bin/python -m chaos.run -f loss_to,big_drop -m pulsegate,polling
     .venv/bin/python -m chaos.run --list               # the fault catalogue
     .venv/bin/python -m chaos.run --publish            # also write docs/chaos-results.{md,json}
+    .venv/bin/python -m chaos.run --replicas           # issue 17: 3 replicas, Redis faults, ~2 min
 
 Needs root (network namespaces, iptables). Every namespace, rule and process is removed at
 the end, on failure and on Ctrl-C; a run first removes whatever an earlier crashed run left
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos import netlab, report
+from chaos import netlab, replicas, report
 from chaos.faults import BY_KEY, FAULTS, QUICK
 from chaos.lab import LAB_HEALTH, MODES, POLLING_PROBES, Lab
 from chaos.scenario import Settings, run
@@ -47,6 +48,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "chaos" / "latest")
     ap.add_argument("--publish", action="store_true", help="write docs/chaos-results.{md,json}")
     ap.add_argument("--list", action="store_true", help="print the fault catalogue and exit")
+    ap.add_argument("--replicas", nargs="?", const=",".join(replicas.BY_KEY), metavar="FAULTS",
+                    help="only the Redis faults under 3 replicas (chaos/replicas.py)")  # fmt: skip
     return ap.parse_args(argv)
 
 
@@ -132,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for f in FAULTS:
             print(f"{f.key:12} {f.kind:8} hold {f.hold:4.0f}s  {f.title}")
+        for rf in replicas.FAULTS:  # --replicas
+            print(f"{rf.key:12} {'redis':8} hold {replicas.HOLD_S:4.0f}s  {rf.title}")
         return 0
     netlab.ensure_tools()
     reason = netlab.why_unavailable()
@@ -145,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     lab = Lab(args.backends, out / "logs")
     lab.install_signal_handlers()
+    if args.replicas:
+        with lab:
+            return _replicas(args, lab)
     with lab:
         doc = asyncio.run(_main(args, lab))
     (out / "chaos-results.json").write_text(json.dumps(doc, indent=1))
@@ -159,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             hb = json.loads(old.read_text()).get("heartbeat")
             if hb:
                 public["heartbeat"] = hb
+            rp = json.loads(old.read_text()).get("replicas")  # and those of --replicas
+            if rp:
+                public["replicas"] = rp
         old.write_text(json.dumps(public, indent=1))
         (DOCS / "chaos-results.md").write_text(report.markdown(public))
         print(f"published to {DOCS / 'chaos-results.md'}")
@@ -173,7 +184,37 @@ def _public(doc: dict[str, Any]) -> dict[str, Any]:
         "meta": meta,
         "runs": doc["runs"],
         **({"heartbeat": doc["heartbeat"]} if "heartbeat" in doc else {}),
+        **({"replicas": doc["replicas"]} if "replicas" in doc else {}),
     }
+
+
+def _replicas(args: argparse.Namespace, lab: Lab) -> int:
+    """`--replicas`: the Redis faults only; with --publish, merged into docs/chaos-results."""
+    keys = args.replicas.split(",")
+    unknown = [k for k in keys if k not in replicas.BY_KEY]
+    if unknown:
+        raise SystemExit(f"unknown Redis fault(s): {', '.join(unknown)}; {list(replicas.BY_KEY)}")
+    s = replicas.Settings(rate=args.rate, raw_dir=args.out / "raw")
+    t0, load_start = time.time(), os.getloadavg()
+    runs = asyncio.run(replicas.run_all(lab, keys, s))
+    doc = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(t0)),
+                    "duration_s": round(time.time() - t0, 1), "git": _git_rev(),
+                    "kernel": platform.release(), "cpus": _cpus(), "loadavg_start": load_start,
+                    "loadavg_end": os.getloadavg(), "backends": args.backends,
+                    "rate_rps": s.rate, "hold_s": s.hold}, "runs": runs}  # fmt: skip
+    (args.out / "replicas-results.json").write_text(json.dumps(doc, indent=1))
+    md = "\n".join(report.replicas_section(doc)) + "\n"
+    (args.out / "replicas-results.md").write_text(md)
+    print()
+    print(md)
+    old = DOCS / "chaos-results.json"
+    if args.publish and old.exists():
+        public = json.loads(old.read_text())
+        public["replicas"] = doc
+        old.write_text(json.dumps(public, indent=1))
+        (DOCS / "chaos-results.md").write_text(report.markdown(public))
+        print(f"published to {DOCS / 'chaos-results.md'}")
+    return 1 if any(not r.get("ok") for r in runs) else 0
 
 
 if __name__ == "__main__":

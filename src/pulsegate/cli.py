@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--fault-after", type=float, default=15.0, help="seconds before each fault")
     s.add_argument("--fault-hold", type=float, default=15.0, help="seconds each fault lasts")
     s.add_argument("--no-agents", action="store_true", help="no heartbeat agents")
+    s.add_argument("--replicas", type=int, default=1,
+                   help="N gateway replicas, one redis-server (docs/replicas.md)")  # fmt: skip
     s.add_argument(
         "--data-plane",
         choices=("pulsegate", "envoy"),
@@ -201,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_envoy_demo(
             args.port, args.duration, args.fault_after, args.fault_hold, not args.no_agents
         )
+    if args.cmd == "demo" and args.replicas > 1:
+        from pulsegate.demo_replicas import run_replicas_demo
+
+        return run_replicas_demo(
+            args.port, args.duration, args.fault_after, args.fault_hold, not args.no_agents,
+            args.replicas,
+        )  # fmt: skip
     if args.cmd == "demo":
         from pulsegate.demo import run_demo
 
