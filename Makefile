@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# xds-protos (the endpoint picker's stubs) writes an old `opentelemetry.proto` over
+	# opentelemetry-proto's files; the trace tests' reference decoder needs the real one.
+	$(PY) -m pip install -q --force-reinstall --no-deps 'opentelemetry-proto>=1.45,<2'
 	touch $(STAMP)
 
 # gRPC stubs for the agent's heartbeat stream: generated from the .proto, never committed.

@@ -152,8 +152,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(args.config, args.replace)
     if args.cmd == "epp":
-        from pulsegate.epp.run import run_epp
-
+        try:
+            from pulsegate.epp.run import run_epp
+        except ImportError as e:  # Envoy's stubs come with the `epp` extra (xds-protos)
+            print(f"pulsegate epp needs the 'epp' extra: pip install 'pulsegate[epp]' ({e})",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         return run_epp(args.config, args.listen)
     if args.cmd == "reload":
         from pulsegate.status import run_reload
