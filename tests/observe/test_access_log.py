@@ -277,7 +277,13 @@ def _stdout_lines(gw: Gateway, count: int, timeout: float = 10.0) -> list[dict[s
             if not chunk:
                 break
             buf += chunk
-    return [json.loads(ln) for ln in buf.splitlines()]
+    got = []
+    for ln in buf.splitlines():
+        try:
+            got.append(json.loads(ln))
+        except json.JSONDecodeError:  # name the line: a foreign one or a torn one
+            raise AssertionError(f"not a JSON line on stdout: {ln[:300]!r}") from None
+    return got
 
 
 def test_stdout_with_workers(
