@@ -151,3 +151,85 @@ async def test_full_queue_and_deadline_give_none() -> None:
     assert await q.wait("m", 5.0, slots.pick, slots.has_room) is None  # full: refused at once
     assert await waiting is None  # nothing freed within its 50 ms
     assert q.depth == 0 and not q.ahead("m")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def _serve_one(slots: Slots, done: list[str], clock: Clock, dt: float) -> None:
+    clock.t += dt
+    want = len(done) + 1
+    slots.free()
+    await _settle([], done, want)
+
+
+@pytest.mark.asyncio
+async def test_a_newcomer_that_cannot_be_served_in_time_is_refused_at_once() -> None:
+    """Waiters served 0.1 s apart, 2 s to wait (a newcomer queues within 3/4 of it): 14
+    ahead is about 1.4 s (queued), 25 ahead is 2.5 s (refused without waiting); the refusal
+    takes no place in the queue."""
+    clock = Clock()
+    q = CapacityQueue(1000, now=clock)
+    slots = Slots(q)
+    done: list[str] = []
+
+    async def waiter(name: str, within: float = 2.0) -> str | None:
+        got = await q.wait("m", within, slots.pick, slots.has_room)
+        if got is not None:
+            done.append(name)
+        return got
+
+    tasks = [asyncio.create_task(waiter(f"w{i}")) for i in range(40)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    for _ in range(15):  # learn the interval: 0.1 s
+        await _serve_one(slots, done, clock, 0.1)
+    assert q.depth == 25
+    refused = asyncio.create_task(waiter("late"))
+    await asyncio.sleep(0)
+    assert refused.done() and refused.result() is None and q.depth == 25
+    for _ in range(9):
+        await _serve_one(slots, done, clock, 0.1)
+    assert q.depth == 16
+    still = asyncio.create_task(waiter("still late"))  # 1.6 s > 1.5 s
+    await asyncio.sleep(0)
+    assert still.done() and still.result() is None
+    for _ in range(2):
+        await _serve_one(slots, done, clock, 0.1)
+    assert q.depth == 14
+    queued = asyncio.create_task(waiter("in time"))
+    await asyncio.sleep(0)
+    assert not queued.done() and q.depth == 15
+    for t in [*tasks, queued]:
+        t.cancel()
+    await asyncio.gather(*tasks, queued, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_after_an_idle_queue_a_burst_is_not_refused() -> None:
+    """A minute without waiters does not count as a minute without service: a burst then
+    queues (the time since the last served counts from the longest waiter's arrival)."""
+    clock = Clock()
+    q = CapacityQueue(1000, now=clock)
+    slots = Slots(q)
+    done: list[str] = []
+    first = asyncio.create_task(q.wait("m", 2.0, slots.pick, slots.has_room))
+    await asyncio.sleep(0)
+    clock.t += 0.1
+    slots.free()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert first.done() and first.result() == "slot"
+    clock.t += 60.0
+    burst = [asyncio.create_task(q.wait("m", 2.0, slots.pick, slots.has_room)) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert q.depth == 5 and not any(t.done() for t in burst)
+    for t in burst:
+        t.cancel()
+    await asyncio.gather(*burst, return_exceptions=True)
+    assert done == []
