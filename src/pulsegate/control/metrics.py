@@ -7,6 +7,7 @@ only (the proxy side's are in `proxy/metrics.py`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 
 from pulsegate.clock import Clock
@@ -64,6 +65,15 @@ class HealthMetrics:
             ("result",),
         )
         r.add(Gauge("pulsegate_backend_score", "Health score 0-100", ("backend",), self._scores))
+        r.add(
+            Gauge(
+                "pulsegate_event_loop_tasks",
+                "asyncio tasks alive in this process's event loop (the health process's with "
+                "gateway.workers > 1): flat under steady load, or something leaks",
+                (),
+                _tasks,
+            )
+        )
         r.add(
             Gauge(
                 "pulsegate_event_loop_stall_seconds_total",
@@ -154,3 +164,10 @@ def ready_counts(fleet: Fleet) -> dict[str, int]:
             for m in fleet.backend_models(name):
                 counts[m] = counts.get(m, 0) + 1
     return counts
+
+
+def _tasks() -> list[tuple[tuple[str, ...], float]]:
+    try:
+        return [((), float(len(asyncio.all_tasks())))]
+    except RuntimeError:  # no running loop (a scrape is always on it)
+        return []
