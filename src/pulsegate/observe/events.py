@@ -27,6 +27,9 @@ _ALERT_ON = {
     "capacity_low": "capacity",
     "capacity_ok": "capacity",
 }
+# A degradation pages only when its cause is a sustained condition of the node itself (a
+# node 3x slower than its peers, a throttling GPU), not a score dip a busy fleet shows daily.
+_ALERT_DEGRADED = frozenset({"slow", "gpu_throttle"})
 
 
 class EventLog:
@@ -67,6 +70,8 @@ class EventLog:
         except Exception:  # never let logging break routing
             log.exception("event log failed")
         alert_kind = _ALERT_ON.get(to_state)
+        if to_state == "degraded" and cause in _ALERT_DEGRADED:
+            alert_kind = "degraded"
         # "ready" is a recovery only when coming back from ejection/probation, not at startup.
         if alert_kind == "recovered" and from_state not in ("probation", "ejected"):
             alert_kind = None
@@ -89,6 +94,8 @@ def _alert_payload(kind: str, ev: dict[str, Any]) -> dict[str, Any]:
         text = f"node {name} ejected: {ev['reason']}"
     elif kind == "recovered":
         text = f"node {name} recovered"
+    elif kind == "degraded":
+        text = f"node {name} degraded ({ev['cause']}): {ev['reason']}"
     elif kind == "capacity":
         text = ev["reason"]
     else:
