@@ -56,7 +56,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
-from pulsegate.health import conditions, gpu_faults, retune, rules
+from pulsegate.health import conditions, gpu_faults, retune, rules, slowness
 from pulsegate.health.backoff import Backoff
 from pulsegate.health.cadence import Cadence, cadence
 from pulsegate.health.evaluation import Evaluation
@@ -103,10 +103,9 @@ class BackendHealth:
         self.probation = Probation(health.probation.duration, health.probation.ramp_step)
         self.evidence = Evidence()
         self.gpu = gpu_faults.GpuWatch()  # Xid / ECC / throttle evidence from the agent
+        self.slow = slowness.SlowWatch(self.signals)  # 3x slower than its peers: degraded
         self._st = Standing(config, health.weights, self.signals, self.probation, now)
-        # The median smoothed probe latency of the peers in service for the same models, set
-        # by the fleet: a probation judged slow against its own baseline passes when it is as
-        # fast as they are (the slowdown is shared, not its own). None: no peer to compare.
+        # Set by the fleet: the peers' median probe latency, for `rules.probation_end` (None).
         self.peer_latency: Callable[[float], float | None] = _no_peers
         self._evaluation = Evaluation(
             health, probes, self.signals, self.backoff, self.evidence, self.probation, now
@@ -315,7 +314,8 @@ class BackendHealth:
         out: list[Transition] = []
         if self._evaluation.due(now):
             self._st.refresh(now)
-            out.extend(self._apply(self.gpu.gate(self._evaluation.judge(self._st, now)), now))
+            fire = self.slow.judge(self.state, self._evaluation.judge(self._st, now), now)
+            out.extend(self._apply(self.gpu.gate(fire), now))
         if self.state is State.PROBATION:
             p = self.probation
             if not p.done(now):

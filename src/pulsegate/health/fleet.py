@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
-from pulsegate.health import reload
+from pulsegate.health import reload, slowness
 from pulsegate.health.backend import BackendHealth
 from pulsegate.health.cadence import Cadence
 from pulsegate.health.events import PanicChange, Transition
@@ -274,6 +274,7 @@ class Fleet:
         """A new backend's health, cold, as at start."""
         b = BackendHealth(c, h, p, self._rng, now)
         b.peer_latency = functools.partial(self._peer_latency, b)
+        b.slow.peers = lambda: slowness.peer_signals(b, self._groups)
         return b
 
     def _regroup(self) -> None:

@@ -53,16 +53,18 @@ SignalValue = float | int | None
 class LatencyTracker:
     """One latency source: EWMA of its samples and a slow, low baseline learned while healthy."""
 
-    __slots__ = ("_learned_at", "baseline", "ewma")
+    __slots__ = ("_learned_at", "baseline", "ewma", "last")
 
     def __init__(self, alpha: float) -> None:
         self.ewma = Ewma(alpha)
         self.baseline: float | None = None
         self._learned_at: float | None = None
+        self.last: float | None = None  # the last sample itself (`slowness` reads it)
 
     def record(self, seconds: float, now: float) -> None:
         """Fold one latency sample in (negative values are clamped to zero)."""
-        self.ewma.update(seconds if seconds > 0.0 else 0.0, now)
+        self.last = seconds if seconds > 0.0 else 0.0
+        self.ewma.update(self.last, now)
 
     def value(self, now: float) -> float | None:
         """Smoothed latency in seconds, None if unknown or stale."""

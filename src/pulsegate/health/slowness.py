@@ -1,0 +1,209 @@
+"""A slow node is degraded: its latency against its peers' on the same model, as a pure rule.
+
+The score compares a backend with its OWN baseline, and the balancer's weights shift traffic
+away from a slow node, but neither says "this node is 5x slower than the others": a node
+that turned slow a minute after start, or whose baseline was learned slow, kept state
+`ready`. This rule (issue #21, item 4) compares it with its peers:
+
+- the reading (`read`): the backend's latest probe sample (micro-inference or canary,
+  whichever came last) over the median of its peers' smoothed latency for the same probe (the
+  peers: the other backends, ready or degraded, serving one of its models), floored at 10 ms
+  so loopback noise is no ratio. Where no probe is known on both sides, the smoothed time to
+  first token of real (streamed) traffic, the same way. Probes, not TTFT: they come at a
+  steady rate to every backend, while the balancer sends a slow node little or no traffic, so
+  its TTFT average is starved (measured: stuck at 2.6x for a 4x node). The latest sample, not
+  the average: with the default probes (canary every 2 s, alpha 0.2) the average took ~12 s to
+  pass 3x; the window below, longer than a probe interval, asks for two slow samples in a row,
+  and the newest probe of either kind supersedes an outlier. None (no evidence) where nothing
+  is known on both sides;
+- slow (`SlowWatch.judge`): the ratio at or over `SLOW_RATIO` (3x) at every evaluation for
+  `SLOW_WINDOW_S` (3 s) in a row. A ready backend then fires DEGRADE with cause ``slow``
+  (the reason gives the numbers), whatever else the evaluation found, short of an ejection;
+- cleared: back within `CLEAR_RATIO` (1.5x) of its peers for `SLOW_WINDOW_S` in a row, or
+  nothing known (hysteresis: from 1.5x to 3x it stays slow). Until then a degraded backend
+  does not recover; after, the usual degraded-to-ready conditions apply at the next
+  evaluation.
+
+Time is passed in; `SlowWatch` is the one per-backend memory. The fleet sees every backend, so
+it hands each watch a way to find the peers' signals (`peer_signals`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pulsegate.health.machine import Event
+from pulsegate.health.rules import Fire
+from pulsegate.health.signals import LATENCY_FLOOR_S, LatencyTracker, Signals
+from pulsegate.health.verdict import State
+
+SLOW_RATIO = 3.0  # this many times the peers' median, sustained: slow
+CLEAR_RATIO = 1.5  # back within this: no longer slow
+SLOW_WINDOW_S = 3.0  # how long the ratio must stay at or over SLOW_RATIO
+_SERVING = frozenset({State.READY, State.DEGRADED})
+_WHAT = {"micro": "micro-inference", "canary": "canary", "ttft": "smoothed TTFT"}
+
+
+class Member(Protocol):
+    """What the rule reads of one backend of the fleet (`BackendHealth` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def models(self) -> frozenset[str]: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def signals(self) -> Signals: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One comparison: `source` ('micro', 'canary' or 'ttft'), the backend's own smoothed
+    latency, the peers' median and how many peers, and own / max(median, 10 ms)."""
+
+    source: str
+    own_s: float
+    peers_s: float
+    peers: int
+    ratio: float
+
+    def words(self) -> str:
+        """'TTFT 251 ms is 5.0x its 2 peers' median (50 ms)'."""
+        what = _WHAT.get(self.source, self.source)
+        n = "peer's" if self.peers == 1 else f"{self.peers} peers'"
+        return (
+            f"{what} {self.own_s * 1e3:.0f} ms is {self.ratio:.1f}x its {n} median "
+            f"({self.peers_s * 1e3:.0f} ms)"
+        )
+
+
+def compare(source: str, own: float | None, peers: Sequence[float]) -> Reading | None:
+    """`own` against the median of `peers`; None when either side is unknown."""
+    if own is None or not peers:
+        return None
+    med = statistics.median(peers)
+    return Reading(source, own, med, len(peers), own / max(med, LATENCY_FLOOR_S))
+
+
+def _smoothed(
+    name: str, own: LatencyTracker, peers: Iterable[LatencyTracker], now: float
+) -> Reading | None:
+    values = [v for v in (p.value(now) for p in peers) if v is not None]
+    return compare(name, own.value(now), values)
+
+
+def _micro(s: Signals) -> LatencyTracker:
+    return s.micro
+
+
+def _canary(s: Signals) -> LatencyTracker:
+    return s.canary
+
+
+def _latest(own: Signals, peers: Sequence[Signals], now: float) -> Reading | None:
+    """The backend's latest probe sample (micro-inference or canary, whichever came last)
+    against the peers' smoothed latency of the same probe."""
+    kinds = [("micro", _micro), ("canary", _canary)]
+    kinds.sort(key=lambda k: k[1](own).ewma.at or -1.0, reverse=True)
+    for name, of in kinds:
+        t = of(own)
+        if t.value(now) is None:  # none, or stale
+            continue
+        r = compare(name, t.last, [v for v in (of(p).value(now) for p in peers) if v is not None])
+        if r is not None:
+            return r
+    return None
+
+
+def read(own: Signals, peers: Iterable[Signals], now: float) -> Reading | None:
+    """The latest probe sample against the peers' smoothed latency of the same probe; else
+    the smoothed TTFT against theirs; None if nothing is known on both sides."""
+    ps = list(peers)
+    if not ps:
+        return None
+    r = _latest(own, ps, now)
+    if r is not None:
+        return r
+    return _smoothed("ttft", own.ttft, (p.ttft for p in ps), now)
+
+
+def peer_signals(b: Member, groups: Mapping[str, Sequence[Member]]) -> list[Signals]:
+    """The signals of `b`'s peers: every other backend, ready or degraded, serving one of
+    `b`'s models (`groups`: model -> its backends, as the fleet keeps them)."""
+    seen = {b.name}
+    out: list[Signals] = []
+    for m in b.models:
+        for p in groups.get(m, ()):
+            if p.name not in seen and p.state in _SERVING:
+                seen.add(p.name)
+                out.append(p.signals)
+    return out
+
+
+def _no_peers() -> list[Signals]:
+    return []
+
+
+class SlowWatch:
+    """One backend's slowness against its peers: when the current spell at or over 3x (or,
+    once slow, within 1.5x) began, and whether it is judged slow."""
+
+    __slots__ = ("_own", "_prev", "_within", "last", "peers", "since", "slow")
+
+    def __init__(self, own: Signals) -> None:
+        self._own = own
+        # Set by the fleet: the peers' signals now (`peer_signals` over its groups).
+        self.peers: Callable[[], list[Signals]] = _no_peers
+        self.since: float | None = None  # start of the current spell at or over SLOW_RATIO
+        self._within: float | None = None  # slow: start of the current spell within 1.5x
+        self.slow = False
+        self.last: Reading | None = None
+        self._prev: float | None = None  # the previous evaluation
+
+    def update(self, reading: Reading | None, now: float) -> bool:
+        """Fold one evaluation's reading in; whether the backend is slow now."""
+        self.last = reading
+        # Evaluations come every `evaluate_interval`, a tick late or early: the window is met
+        # within half the gap since the previous one (3 s is three 1 s evaluations, not four).
+        window = SLOW_WINDOW_S - (0.0 if self._prev is None else 0.5 * max(0.0, now - self._prev))
+        self._prev = now
+        if reading is None:  # nothing known: no evidence either way
+            self.since = self._within = None
+            self.slow = False
+        elif reading.ratio >= SLOW_RATIO:
+            self._within = None
+            if self.since is None:
+                self.since = now
+            if now - self.since >= window:
+                self.slow = True
+        elif reading.ratio <= CLEAR_RATIO:
+            self.since = None
+            if self.slow:
+                if self._within is None:
+                    self._within = now
+                if now - self._within >= window:
+                    self.slow = False
+                    self._within = None
+        else:  # between: both spells are broken; a slow backend stays slow (hysteresis)
+            self.since = self._within = None
+        return self.slow
+
+    def judge(self, state: State, fire: Fire | None, now: float) -> Fire | None:
+        """One evaluation: what fires, given what the other rules fired (`fire`). Slow and
+        ready: DEGRADE with cause slow, unless another rule ejects. Slow and degraded: no
+        recovery. Otherwise `fire` unchanged."""
+        if not self.update(read(self._own, self.peers(), now), now):
+            return fire
+        if fire is not None and fire.event is Event.RECOVER:
+            return None
+        if state is State.READY and (fire is None or fire.event is Event.DEGRADE):
+            r, since = self.last, self.since
+            why = f"slow: {r.words()}" if r is not None else "slow"
+            if since is not None:
+                why += f" for {now - since:.1f}s"
+            return Fire("slow", why, Event.DEGRADE)
+        return fire

@@ -1,0 +1,225 @@
+"""A slow node against its peers (`health.slowness`): the reading, the window, the hysteresis,
+and the fleet wiring, on plain floats and a fake clock (no sleep)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pulsegate.health import slowness
+from pulsegate.health.machine import Event
+from pulsegate.health.observations import Outcome, ProbeKind, ProbeResult, RequestResult
+from pulsegate.health.rules import Fire
+from pulsegate.health.signals import Signals
+from pulsegate.health.slowness import CLEAR_RATIO, SLOW_RATIO, SLOW_WINDOW_S, Reading, SlowWatch
+from pulsegate.health.verdict import State
+
+from .harness import Harness
+
+
+def _sig(ttft: float | None = None, probe: float | None = None, at: float = 0.0) -> Signals:
+    s = Signals(1.0)  # alpha 1: the smoothed value is the last sample
+    if ttft is not None:
+        s.record_request_ok(ttft, at)
+    if probe is not None:
+        s.record_probe(ProbeResult(ProbeKind.MICRO, ok=True, latency_s=probe), at)
+    return s
+
+
+def _r(ratio: float) -> Reading:
+    return Reading("ttft", ratio * 0.05, 0.05, 2, ratio)
+
+
+# -- the reading ------------------------------------------------------------------------------
+
+
+def test_compare_takes_the_peers_median_and_a_floor() -> None:
+    r = slowness.compare("ttft", 0.5, [0.1, 0.1, 10.0])
+    assert r is not None and r.ratio == pytest.approx(5.0) and r.peers_s == 0.1
+    assert r.words() == "smoothed TTFT 500 ms is 5.0x its 3 peers' median (100 ms)"
+    # 4 ms against 1 ms peers is loopback noise: taken against 10 ms, not 4x.
+    tiny = slowness.compare("ttft", 0.004, [0.001])
+    assert tiny is not None and tiny.ratio == pytest.approx(0.4)
+    assert slowness.compare("ttft", None, [0.1]) is None
+    assert slowness.compare("ttft", 0.1, []) is None
+
+
+def test_read_takes_the_latest_probe_sample_and_falls_back_to_ttft() -> None:
+    own = _sig(ttft=0.5, probe=0.2, at=0.0)
+    peer = _sig(ttft=0.1, probe=0.05)
+    peer.record_probe(ProbeResult(ProbeKind.CANARY, ok=True, latency_s=0.1), 0.0)
+    r = slowness.read(own, [peer, peer], 1.0)
+    assert r is not None and r.source == "micro" and r.ratio == pytest.approx(4.0)
+    assert r.words() == "micro-inference 200 ms is 4.0x its 2 peers' median (50 ms)"
+    # A canary came after it: the newest probe counts, the micro-inference outlier is gone.
+    own.record_probe(ProbeResult(ProbeKind.CANARY, ok=True, latency_s=0.12), 0.5)
+    r = slowness.read(own, [peer], 1.0)
+    assert r is not None and r.source == "canary" and r.ratio == pytest.approx(1.2)
+    assert "its peer's median" in r.words()
+    # The latest sample, not the average: one 0.6 s canary after it reads 6x at once.
+    own.record_probe(ProbeResult(ProbeKind.CANARY, ok=True, latency_s=0.6), 0.8)
+    r = slowness.read(own, [peer], 1.0)
+    assert r is not None and r.ratio == pytest.approx(6.0)
+    # No peer has a probe latency: smoothed TTFT against smoothed TTFT.
+    r = slowness.read(own, [_sig(ttft=0.1), _sig(ttft=0.1)], 1.0)
+    assert r is not None and r.source == "ttft" and r.ratio == pytest.approx(5.0)
+    assert slowness.read(own, [], 1.0) is None
+    assert slowness.read(_sig(), [_sig(ttft=0.1)], 1.0) is None
+    # Stale (30 s): unknown, no evidence.
+    assert slowness.read(own, [_sig(ttft=0.1)], 40.0) is None
+
+
+# -- the window and the hysteresis ------------------------------------------------------------
+
+
+def _evals(w: SlowWatch, ratio: float, t0: float, t1: float, dt: float = 0.25) -> bool:
+    """Evaluations every `dt` from `t0` to `t1` (both included) at `ratio`: slow at the end?"""
+    slow, t = False, t0
+    while t <= t1 + 1e-9:
+        slow = w.update(_r(ratio), t)
+        t += dt
+    return slow
+
+
+def test_slow_only_after_the_whole_window() -> None:
+    w = SlowWatch(Signals(0.2))
+    assert not _evals(w, 5.0, 0.0, SLOW_WINDOW_S - 0.25)
+    assert w.update(_r(5.0), SLOW_WINDOW_S)
+
+
+def test_the_window_allows_half_an_evaluation_late_or_early() -> None:
+    """Evaluations 1 s apart, one of them a tick early: three of them still make 3 s."""
+    w = SlowWatch(Signals(0.2))
+    assert not _evals(w, 5.0, 0.0, 2.0, dt=1.0)
+    assert w.update(_r(5.0), 2.95)
+    w2 = SlowWatch(Signals(0.2))
+    assert not _evals(w2, 5.0, 0.0, 2.0, dt=1.0)
+    assert not w2.update(_r(5.0), 2.4)  # more than half an evaluation short
+
+
+def test_a_dip_under_3x_restarts_the_window() -> None:
+    w = SlowWatch(Signals(0.2))
+    _evals(w, 5.0, 0.0, 1.75)
+    assert not w.update(_r(2.0), 2.0)  # not slow yet, and the spell is broken
+    assert not _evals(w, 5.0, 2.25, 2.25 + SLOW_WINDOW_S - 0.25)
+    assert w.update(_r(5.0), 2.25 + SLOW_WINDOW_S)
+
+
+def test_hysteresis_clears_only_within_1_5x_for_the_window() -> None:
+    w = SlowWatch(Signals(0.2))
+    assert _evals(w, SLOW_RATIO, 0.0, SLOW_WINDOW_S)
+    assert _evals(w, 2.0, 3.25, 10.0)  # between 1.5x and 3x: still slow, however long
+    assert _evals(w, CLEAR_RATIO + 0.01, 10.25, 15.0)
+    assert _evals(w, CLEAR_RATIO, 15.25, 15.25 + SLOW_WINDOW_S - 0.25)  # not for long enough
+    assert not w.update(_r(CLEAR_RATIO), 15.25 + SLOW_WINDOW_S)
+    assert not _evals(w, 2.9, 18.5, 30.0)  # not back to slow without a new 3x spell
+
+
+def test_one_fast_sample_does_not_clear() -> None:
+    w = SlowWatch(Signals(0.2))
+    assert _evals(w, 5.0, 0.0, SLOW_WINDOW_S)
+    assert _evals(w, 1.0, 3.25, 4.0)
+    assert _evals(w, 5.0, 4.25, 5.0)  # the within-1.5x spell is broken
+    assert _evals(w, 1.0, 5.25, 5.25 + SLOW_WINDOW_S - 0.25)
+    assert not w.update(_r(1.0), 5.25 + SLOW_WINDOW_S)
+
+
+def test_unknown_is_no_evidence() -> None:
+    w = SlowWatch(Signals(0.2))
+    w.update(_r(5.0), 0.0)
+    assert w.update(_r(5.0), SLOW_WINDOW_S)
+    assert not w.update(None, SLOW_WINDOW_S + 1)
+
+
+# -- judge: what fires ------------------------------------------------------------------------
+
+
+def _slow_watch(ratio: float = 5.0) -> tuple[SlowWatch, float]:
+    """A watch whose backend is `ratio` x slower than two peers, judged slow already."""
+    own = _sig(ttft=0.05 * ratio)
+    peers = [_sig(ttft=0.05), _sig(ttft=0.05)]
+    w = SlowWatch(own)
+    w.peers = lambda: peers
+    assert w.judge(State.READY, None, 0.0) is None
+    return w, SLOW_WINDOW_S
+
+
+def test_ready_and_slow_degrades_with_cause_slow() -> None:
+    w, t = _slow_watch()
+    f = w.judge(State.READY, None, t)
+    assert f is not None and f.event is Event.DEGRADE and f.cause == "slow"
+    assert f.reason == "slow: smoothed TTFT 250 ms is 5.0x its 2 peers' median (50 ms) for 3.0s"
+    # The score's own degrade is replaced (the cause is the slowness) ...
+    f = w.judge(State.READY, Fire("degraded", "score 55 < 60", Event.DEGRADE), t)
+    assert f is not None and f.cause == "slow"
+    # ... an ejection is not.
+    eject = Fire("score", "score 20 < 30", Event.SCORE_LOW)
+    assert w.judge(State.READY, eject, t) is eject
+
+
+def test_degraded_and_slow_does_not_recover() -> None:
+    w, t = _slow_watch()
+    recover = Fire("cleared", "degraded conditions cleared (score 90)", Event.RECOVER)
+    assert w.judge(State.DEGRADED, recover, t) is None
+    assert w.judge(State.DEGRADED, None, t) is None
+
+
+def test_not_slow_passes_the_other_rules_through() -> None:
+    w, t = _slow_watch(ratio=2.5)
+    recover = Fire("cleared", "x", Event.RECOVER)
+    assert w.judge(State.DEGRADED, recover, t) is recover
+    assert w.judge(State.READY, None, t) is None
+    assert w.judge(State.PROBATION, None, t) is None
+
+
+def test_a_lone_backend_has_no_peers_and_no_slowness() -> None:
+    w = SlowWatch(_sig(ttft=5.0))
+    assert w.judge(State.READY, None, 0.0) is None
+    assert w.judge(State.READY, None, SLOW_WINDOW_S * 2) is None
+
+
+# -- the fleet --------------------------------------------------------------------------------
+
+
+def _traffic(slow: str | None, factor: float) -> object:
+    def each(h: Harness) -> None:
+        for n in ("a", "b", "c"):
+            ttft = 0.05 * (factor if n == slow else 1.0)
+            h.obs(n, RequestResult(Outcome.OK, ttft_s=ttft))
+            h.obs(n, ProbeResult(ProbeKind.MICRO, ok=True, latency_s=ttft))
+
+    return each
+
+
+def test_fleet_degrades_a_5x_slow_backend_within_5s_and_readies_it_after() -> None:
+    h = Harness()
+    h.make_ready()
+    h.run(10.0, _traffic(None, 1.0))  # type: ignore[arg-type]
+    assert [h.state(n) for n in "abc"] == [State.READY] * 3
+    t0 = h.now
+    took = None
+    for _ in range(100):
+        h.run(0.1, _traffic("a", 5.0))  # type: ignore[arg-type]
+        if h.state("a") is State.DEGRADED:
+            took = h.now - t0
+            break
+    assert took is not None and took <= 5.0, took
+    snap = h.snap("a")
+    assert snap["last_cause"] == "slow"
+    assert "x its 2 peers' median" in str(snap["last_reason"])
+    assert h.state("b") is State.READY and h.state("c") is State.READY
+    # Still 2x: stays degraded (hysteresis) however long.
+    h.run(10.0, _traffic("a", 2.0))  # type: ignore[arg-type]
+    assert h.state("a") is State.DEGRADED
+    h.run(5.0, _traffic("a", 1.0))  # type: ignore[arg-type]
+    assert h.state("a") is State.READY
+    assert h.causes("a")[-2:] == ["slow", "cleared"]
+
+
+def test_fleet_a_fleet_slow_together_is_not_slow() -> None:
+    """Every backend 5x slower at once (a shared cause): no one is slow against its peers."""
+    h = Harness()
+    h.make_ready()
+    h.run(10.0, _traffic(None, 1.0))  # type: ignore[arg-type]
+    h.run(10.0, _traffic("none", 1.0))  # type: ignore[arg-type]
+    h.run(10.0, lambda x: [x.obs(n, ProbeResult(ProbeKind.MICRO, True, 0.25)) for n in "abc"])
+    assert "slow" not in h.causes("a") + h.causes("b") + h.causes("c")
