@@ -225,8 +225,11 @@ def test_bad_backend_costs_clients_nothing(stack: Stack, fault: str) -> None:
     finally:
         load.stop()
     assert load.errors == []
-    # Envoy did walk the fallback list: attempts on the bad backend failed and moved on.
-    assert stack.envoy.stat(RETRIES) > retries
+    # Envoy did walk the fallback list: attempts on the bad backend failed and moved on. A
+    # killed one may be out of the pick before any request was sent to it (its refused
+    # connections are seen by the probes at once), so there it may take no retry at all.
+    if fault != "kill":
+        assert stack.envoy.stat(RETRIES) > retries
     assert gone not in load.served[after + 5 :]  # nothing served by it once out of the pick
     if fault != "kill":
         bad.fault("none")
