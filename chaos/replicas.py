@@ -340,7 +340,8 @@ def summarize(
     flaps = [
         {"replica": e["replica"], "backend": e["backend"], "to": e["to"], "reason": e.get("reason")}
         for e in moves
-        if e["to"] != "degraded" and e.get("cause") != "cleared"
+        # A backend's first readiness (from cold, a replica just started) is not a flap.
+        if e["to"] != "degraded" and e.get("cause") != "cleared" and e.get("from") != "cold"
     ]
     lat = [r.latency for r in since]
     known = [v for v in alone.values() if v is not None]
