@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import aiohttp
 import orjson
 
+from pulsegate.agent import periodic
 from pulsegate.agent.gpu import GpuChoice, Nvml, NvmlUnavailable
 from pulsegate.clock import Clock
 from pulsegate.health.observations import EngineFacts, ProbeKind
@@ -150,31 +151,16 @@ class EngineWatcher:
         self._task = asyncio.create_task(self._run(), name="agent-refresh")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await periodic.cancel(self._task)
+        self._task = None
         if self._nvml is not None:
             await asyncio.to_thread(self._nvml.close)
             self._nvml = None
 
     async def _run(self) -> None:
-        now = self._clock.now
-        next_at = now()
-        while True:
-            next_at += self._refresh
-            delay = next_at - now()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:  # a slow source: do not pile up, start the next round now
-                next_at = now()
-            try:
-                await self.refresh_once()
-            except Exception:  # a bug here must not stop the refresher for good
-                log.exception("agent: refreshing the engine snapshot failed")
+        await periodic.every(
+            self._refresh, self._clock.now, self.refresh_once, "refreshing the engine snapshot"
+        )
 
     async def refresh_once(self) -> None:
         """Read every source once (concurrently) and publish the new snapshot."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from pulsegate.agent import periodic
 from pulsegate.clock import Clock
 from pulsegate.health.gpu_faults import FATAL_XIDS
 from pulsegate.health.observations import EngineFacts, GpuFaults
@@ -380,31 +381,16 @@ class GpuFaultWatcher:
         self._task = asyncio.create_task(self._run(), name="agent-gpu-faults")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await periodic.cancel(self._task)
+        self._task = None
         if self._nvml is not None:
             await asyncio.to_thread(self._nvml.close)
             self._nvml = None
 
     async def _run(self) -> None:
-        now = self._clock.now
-        next_at = now()
-        while True:
-            next_at += self._refresh
-            delay = next_at - now()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                next_at = now()
-            try:
-                await self.refresh_once()
-            except Exception:  # a bug here must not stop the refresher for good
-                log.exception("agent: reading GPU faults failed")
+        await periodic.every(
+            self._refresh, self._clock.now, self.refresh_once, "reading GPU faults"
+        )
 
     async def refresh_once(self) -> None:
         faults = await self._read()
