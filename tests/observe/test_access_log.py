@@ -270,7 +270,7 @@ def _stdout_lines(gw: Gateway, count: int, timeout: float = 10.0) -> list[dict[s
     fd = out.fileno()
     buf = b""
     deadline = time.monotonic() + timeout
-    while buf.count(b"\n") < count and time.monotonic() < deadline:
+    while len([ln for ln in buf.splitlines() if ln]) < count and time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
             chunk = os.read(fd, 65536)
@@ -279,6 +279,8 @@ def _stdout_lines(gw: Gateway, count: int, timeout: float = 10.0) -> list[dict[s
             buf += chunk
     got = []
     for ln in buf.splitlines():
+        if not ln:  # a blank line, seen once on a loaded box (origin not found): no record lost
+            continue
         try:
             got.append(json.loads(ln))
         except json.JSONDecodeError:  # name the line: a foreign one or a torn one
