@@ -223,3 +223,37 @@ def test_fleet_a_fleet_slow_together_is_not_slow() -> None:
     h.run(10.0, _traffic("none", 1.0))  # type: ignore[arg-type]
     h.run(10.0, lambda x: [x.obs(n, ProbeResult(ProbeKind.MICRO, True, 0.25)) for n in "abc"])
     assert "slow" not in h.causes("a") + h.causes("b") + h.causes("c")
+
+
+# -- the routing weight -----------------------------------------------------------------------
+
+
+def test_peer_ratio_counts_only_past_the_slack() -> None:
+    assert slowness.peer_ratio(None) is None
+    assert slowness.peer_ratio(_r(slowness.PEER_SLACK)) is None  # a healthy spread
+    assert slowness.peer_ratio(_r(50.0)) == pytest.approx(50.0 / slowness.PEER_SLACK)
+
+
+def test_smoothed_reads_the_smoothed_probe_then_ttft() -> None:
+    own, peer = Signals(0.5), _sig(ttft=0.1, probe=0.05)
+    own.record_probe(ProbeResult(ProbeKind.MICRO, ok=True, latency_s=0.05), 0.0)
+    own.record_probe(ProbeResult(ProbeKind.MICRO, ok=True, latency_s=0.45), 0.5)
+    r = slowness.smoothed(own, [peer, peer], 1.0)
+    # alpha 0.5: (0.05 + 0.45) / 2 = 0.25 against 0.05, where `read` sees the last 0.45.
+    assert r is not None and r.source == "micro" and r.ratio == pytest.approx(5.0)
+    r = slowness.smoothed(_sig(ttft=0.3), [_sig(ttft=0.1)], 1.0)
+    assert r is not None and r.source == "ttft" and r.ratio == pytest.approx(3.0)
+    assert slowness.smoothed(own, [], 1.0) is None
+
+
+def test_fleet_a_backend_slow_from_its_start_gets_little_weight() -> None:
+    """Its own baseline was learned slow (ratio 1 to itself), so only its peers show it: a
+    first token 30x the others' gives it a weight a tenth of theirs, at the next evaluation,
+    and the full weight back once it is as fast as they are."""
+    h = Harness()
+    h.make_ready()
+    h.run(10.0, _traffic("a", 30.0))  # type: ignore[arg-type]
+    assert h.weight("a") < 0.1 * h.weight("b"), (h.weight("a"), h.weight("b"))
+    assert h.weight("b") == pytest.approx(h.weight("c"))
+    h.run(20.0, _traffic("a", 1.0))  # type: ignore[arg-type]
+    assert h.weight("a") == pytest.approx(h.weight("b"), rel=0.05)

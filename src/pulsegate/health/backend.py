@@ -313,7 +313,7 @@ class BackendHealth:
     def _tick(self, now: float) -> list[Transition]:
         out: list[Transition] = []
         if self._evaluation.due(now):
-            self._st.refresh(now)
+            self._st.refresh(now, self.slow.weight_ratio(now))
             fire = self.slow.judge(self.state, self._evaluation.judge(self._st, now), now)
             out.extend(self._apply(self.gpu.gate(fire), now))
         if self.state is State.PROBATION:

@@ -43,6 +43,9 @@ from pulsegate.health.verdict import State
 SLOW_RATIO = 3.0  # this many times the peers' median, sustained: slow
 CLEAR_RATIO = 1.5  # back within this: no longer slow
 SLOW_WINDOW_S = 3.0  # how long the ratio must stay at or over SLOW_RATIO
+# The weight counts a peer ratio over this slack only: peers are other machines, and a spread
+# of 1.5x between healthy ones is no reason to shift traffic.
+PEER_SLACK = 1.5
 _SERVING = frozenset({State.READY, State.DEGRADED})
 _WHAT = {"micro": "micro-inference", "canary": "canary", "ttft": "smoothed TTFT"}
 
@@ -131,6 +134,32 @@ def read(own: Signals, peers: Iterable[Signals], now: float) -> Reading | None:
     return _smoothed("ttft", own.ttft, (p.ttft for p in ps), now)
 
 
+def smoothed(own: Signals, peers: Iterable[Signals], now: float) -> Reading | None:
+    """The backend's smoothed micro-inference latency against its peers' (else canary, else
+    TTFT): the steady comparison the routing weight reads (`peer_ratio`), where `read` takes
+    the latest sample for the state's quick verdict."""
+    ps = list(peers)
+    if not ps:
+        return None
+    for name, of in (("micro", _micro), ("canary", _canary)):
+        r = _smoothed(name, of(own), (of(p) for p in ps), now)
+        if r is not None:
+            return r
+    return _smoothed("ttft", own.ttft, (p.ttft for p in ps), now)
+
+
+def peer_ratio(reading: Reading | None) -> float | None:
+    """The ratio the routing weight counts: the peer ratio past `PEER_SLACK`, or None.
+
+    Worked example: a backend whose first token comes 1.5 s late among peers at 30 ms is 50x
+    their median; the weight counts 50 / 1.5 = 33x (`score.routing_weight`: 1.2 / 33 = 0.036,
+    about 1.8% of the traffic among three). A node 5x slower: 3.3x, weight 0.36. At 1.5x or
+    less: nothing (None)."""
+    if reading is None or reading.ratio <= PEER_SLACK:
+        return None
+    return reading.ratio / PEER_SLACK
+
+
 def peer_signals(b: Member, groups: Mapping[str, Sequence[Member]]) -> list[Signals]:
     """The signals of `b`'s peers: every other backend, ready or degraded, serving one of
     `b`'s models (`groups`: model -> its backends, as the fleet keeps them)."""
@@ -163,6 +192,10 @@ class SlowWatch:
         self.slow = False
         self.last: Reading | None = None
         self._prev: float | None = None  # the previous evaluation
+
+    def weight_ratio(self, now: float) -> float | None:
+        """`peer_ratio` of the smoothed comparison with the peers now."""
+        return peer_ratio(smoothed(self._own, self.peers(), now))
 
     def update(self, reading: Reading | None, now: float) -> bool:
         """Fold one evaluation's reading in; whether the backend is slow now."""

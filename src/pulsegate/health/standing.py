@@ -45,6 +45,9 @@ class Standing:
         self.ramp = 1.0  # the probation ramp; 1.0 in every other state
         self.suspicion = Suspicion()
         self.weighing = Weighing()
+        # How much slower than its peers the backend is (`slowness.peer_ratio`), as of the
+        # last evaluation: set by the backend, which sees the fleet.
+        self.peer_ratio: float | None = None
         self._limit = AutoLimit(config.max_inflight)
         self.version = 0
         self._verdict = self._build()
@@ -82,7 +85,7 @@ class Standing:
             self._signals.reset_request_failures()
         else:
             self.ramp = 1.0
-        self.refresh(now)
+        self.refresh(now, self.peer_ratio)
         return Transition(
             backend=self.config.name,
             from_state=frm,
@@ -95,9 +98,11 @@ class Standing:
             signals=self._signals.snapshot(now),
         )
 
-    def refresh(self, now: float) -> None:
-        """Recompute score, weight and rtt from the signals, and publish the verdict."""
-        self.weighing.refresh(self._signals, self._weights, now)
+    def refresh(self, now: float, peer_ratio: float | None) -> None:
+        """Recompute score, weight and rtt from the signals and `peer_ratio` (kept for the
+        refreshes between evaluations), and publish the verdict."""
+        self.peer_ratio = peer_ratio
+        self.weighing.refresh(self._signals, self._weights, now, peer_ratio)
         self.publish()
 
     def step_ramp(self, now: float) -> None:

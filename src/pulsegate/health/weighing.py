@@ -32,12 +32,20 @@ class Weighing:
         self.prefix_hit: float | None = None
         self.pickable = True  # VRAM unknown or >= 5% free (R5): below, never picked
 
-    def refresh(self, s: Signals, weights: WeightsConfig, now: float) -> None:
-        """Recompute every number from the signals."""
+    def refresh(
+        self, s: Signals, weights: WeightsConfig, now: float, peer_ratio: float | None = None
+    ) -> None:
+        """Recompute every number from the signals. `peer_ratio` (`slowness.peer_ratio`): how
+        much slower than its peers the backend is; the weight counts the worse of it and the
+        ratio to its own baseline, so a backend slow from its start (its baseline learned
+        slow) still gets little traffic."""
         inputs = s.score_inputs(now)
         self.inputs = inputs
         self.score = score(inputs, weights)
-        self.base_weight = routing_weight(self.score, inputs.latency_ratio, inputs.error_rate)
+        ratio = inputs.latency_ratio
+        if peer_ratio is not None and (ratio is None or peer_ratio > ratio):
+            ratio = peer_ratio
+        self.base_weight = routing_weight(self.score, ratio, inputs.error_rate)
         self.rtt_s = s.rtt_s(now)
         self.prefix_hit = s.prefix_cache_hit_rate(now)
         gf = inputs.gpu_free
