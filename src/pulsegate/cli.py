@@ -27,6 +27,12 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("epp", help="run as an Envoy endpoint picker (ext_proc gRPC)")
     s.add_argument("-c", "--config", required=True, help="YAML config file")
     s.add_argument("--listen", default="127.0.0.1:9002", help="gRPC HOST:PORT")
+    s.add_argument(
+        "--admin",
+        action="store_true",
+        help="also serve /healthz, /metrics, the admin API and the dashboard on the "
+        "config's gateway.listen (the rules of serve's)",
+    )
 
     s = sub.add_parser("reload", help="make a running gateway re-read its config file")
     s.add_argument("--url", default="http://127.0.0.1:8080")
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pulsegate epp needs the 'epp' extra: pip install 'pulsegate[epp]' ({e})",
                   file=sys.stderr)  # fmt: skip
             return 2
-        return run_epp(args.config, args.listen)
+        return run_epp(args.config, args.listen, args.admin)
     if args.cmd == "reload":
         from pulsegate.status import run_reload
 

@@ -1,4 +1,4 @@
-"""`pulsegate epp -c FILE [--listen HOST:PORT]`: the endpoint picker as a process.
+"""`pulsegate epp -c FILE [--listen HOST:PORT] [--admin]`: the endpoint picker as a process.
 
 The same parts as `pulsegate serve` without the proxy: the health service (probers,
 heartbeat clients, the health tick, events and alerts) judges the configured backends, and
@@ -7,6 +7,14 @@ asks and carries the request (`service.py`). gRPC serves `envoy.service.ext_proc
 ExternalProcessor` and `grpc.health.v1.Health` on one port; the health service answers
 SERVING for "", `liveness`, `readiness` and the ext_proc service's name (the protocol's
 three checks), and NOT_SERVING from the start of a shutdown.
+
+With `--admin`, the HTTP side of `serve` without the OpenAI routes listens on the config's
+`gateway.listen`: `/healthz`, `/metrics`, the admin API (`/admin/backends`, `/admin/events`,
+`/admin/cluster` with `cluster.redis`, drain / undrain / eject, `POST /admin/reload`) and the
+dashboard, under the same token and loopback rules (`admin.py`). SIGHUP (and `POST
+/admin/reload`) re-reads the config in place as `serve` does (`reload.py`): the health service
+takes the backends, the picker a new router and endpoint map; an exchange in flight keeps its
+in-flight slot and reports its outcome; `--listen` and `gateway.listen` stay as they were.
 
 Shutdown (SIGTERM, SIGINT): health flips to NOT_SERVING, the server stops taking streams
 and gives open ones `GRACE_S` to finish (an open stream is one HTTP request: its response
@@ -18,15 +26,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import signal
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import aiohttp
 import grpc
+from aiohttp import web
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from pulsegate import runtime
+from pulsegate.app import build_app
 from pulsegate.balancer import Balancer
 from pulsegate.clock import SystemClock
 from pulsegate.config import Config, ConfigError, load_config
@@ -34,8 +47,11 @@ from pulsegate.control.service import HealthService
 from pulsegate.epp.endpoints import Endpoints
 from pulsegate.epp.picker import Picker
 from pulsegate.epp.service import PickerService
+from pulsegate.health.fleet import Reconfigured
 from pulsegate.observe.metrics import Registry
+from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.route import BalancedRouter
+from pulsegate.reload import Reloader, admin_route
 
 log = logging.getLogger("pulsegate.epp")
 
@@ -46,16 +62,19 @@ GRACE_S = 5.0
 
 
 class EndpointPicker:
-    """The composed process: health service, router, picker, gRPC server."""
+    """The composed process: health service, router, picker, gRPC server; what the admin
+    API and the dashboard read (`observe.view.GatewayView`)."""
 
     def __init__(self, config: Config, clock: SystemClock, rng: random.Random) -> None:
         self.config = config
         self.clock = clock
-        self.health = HealthService(config, clock, rng, Registry())
+        self._rng = rng
+        self.registry = Registry()
+        self.proxy_metrics = ProxyMetrics(self.registry)  # no proxy here: the view wants them
+        self.health = HealthService(config, clock, rng, self.registry)
         self.load: dict[str, int] = dict.fromkeys((b.name for b in config.backends), 0)
-        router = BalancedRouter(self.health.fleet, Balancer(config.routing, rng), self.load)
         self.endpoints = Endpoints(config.backends)
-        self.picker = Picker(config, router, self.health.fleet, self.endpoints)
+        self.picker = self._picker(config)
         self.service = PickerService(
             self.picker, self.health.fleet, self.health, self.endpoints, self.load, clock.now
         )
@@ -63,6 +82,34 @@ class EndpointPicker:
         self.tasks = runtime.TaskSet("epp")
         self.server: grpc.aio.Server | None = None
         self._session: aiohttp.ClientSession | None = None
+
+    def _picker(self, config: Config) -> Picker:
+        router = BalancedRouter(self.health.fleet, Balancer(config.routing, self._rng), self.load)
+        return Picker(config, router, self.health.fleet, self.endpoints)
+
+    # -- what the admin API reads (GatewayView) ---------------------------------------------
+
+    @property
+    def inflight(self) -> Mapping[str, int]:
+        return self.load
+
+    def names(self) -> Sequence[str]:
+        return tuple(b.name for b in self.config.backends)
+
+    def backend_view(self, name: str) -> dict[str, Any]:
+        return self.health.backend_view(name, self.load.get(name, 0))
+
+    def apply(self, cfg: Config) -> Reconfigured:
+        """A reload: the health service takes `cfg`; new picks use a new router and endpoint
+        map. A removed backend's in-flight count stays until its exchanges end."""
+        self.config = cfg
+        change = self.health.apply(cfg)
+        for b in cfg.backends:
+            self.load.setdefault(b.name, 0)
+        self.endpoints = Endpoints(cfg.backends)
+        self.picker = self._picker(cfg)
+        self.service.reconfigure(self.picker, self.endpoints)
+        return change
 
     async def start(self, listen: str) -> int:
         """Start judging the backends and serve on `listen`; returns the bound port."""
@@ -92,22 +139,47 @@ class EndpointPicker:
             await self._session.close()
 
 
-async def _serve(cfg: Config, listen: str) -> None:
+async def _admin_site(epp: EndpointPicker, reloader: Reloader) -> web.TCPSite:
+    cfg = epp.config
+    app = build_app(cfg, view=epp, admin_extra=[admin_route(reloader)])
+    runner = runtime.runner(app, cfg.gateway.client_idle_timeout)
+    await runner.setup()
+    site = runtime.tcp_site(runner, cfg.gateway.host, cfg.gateway.port, reuse_port=False)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise OSError(f"cannot listen on {cfg.gateway.host}:{cfg.gateway.port}: {e}") from e
+    port = runtime.bound_port(site, cfg.gateway.port)
+    # After the gRPC line, so a reader of the first `listening on` line gets the gRPC port.
+    print(f"pulsegate epp admin listening on http://{cfg.gateway.host}:{port}", flush=True)
+    return site
+
+
+async def _serve(cfg: Config, path: str, listen: str, admin: bool) -> None:
     clock = SystemClock(asyncio.get_running_loop())
     epp = EndpointPicker(cfg, clock, random.Random())
+    reloader = Reloader(path, lambda: epp.config, epp.apply, epp.health)
     port = await epp.start(listen)
-    host = listen.rsplit(":", 1)[0]
-    print(f"pulsegate epp listening on {host}:{port}", flush=True)
-    stop = asyncio.Event()
-    runtime.stop_on_signals(stop)
+    site = None
     try:
+        host = listen.rsplit(":", 1)[0]
+        print(f"pulsegate epp listening on {host}:{port}", flush=True)
+        if admin:
+            site = await _admin_site(epp, reloader)
+        stop = asyncio.Event()
+        runtime.stop_on_signals(stop)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.request)
         await stop.wait()
     finally:
+        if site is not None:
+            await site.stop()
+            await site._runner.cleanup()
         await epp.close()
         clock.close()
 
 
-def run_epp(config_path: str, listen: str = DEFAULT_LISTEN) -> int:
+def run_epp(config_path: str, listen: str = DEFAULT_LISTEN, admin: bool = False) -> int:
     """Exit 2: the config is invalid; 1: it cannot listen; 0 after a clean stop."""
     runtime.setup_logging()
     try:
@@ -118,7 +190,7 @@ def run_epp(config_path: str, listen: str = DEFAULT_LISTEN) -> int:
         return 2
     # Plain asyncio, as the agent: grpc.aio runs on the default loop.
     try:
-        asyncio.run(_serve(cfg, listen))
+        asyncio.run(_serve(cfg, config_path, listen, admin))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

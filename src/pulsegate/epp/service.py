@@ -55,6 +55,12 @@ class PickerService(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._load = load
         self._now = now
 
+    def reconfigure(self, picker: Picker, endpoints: Endpoints) -> None:
+        """A reload: new exchanges pick with `picker`; outcomes map endpoints with
+        `endpoints` (an exchange in flight keeps its own in-flight slot)."""
+        self._picker = picker
+        self._endpoints = endpoints
+
     async def Process(
         self, request_iterator: AsyncIterator[m.ProcessingRequest], context: object
     ) -> AsyncIterator[m.ProcessingResponse]:
