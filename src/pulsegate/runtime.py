@@ -126,13 +126,20 @@ class TaskSet:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+# Alerts go to webhooks across the internet (a TLS handshake away): `retry.connect_timeout`
+# is tuned for engines on the LAN (250 ms), so this session connects within at least this.
+SESSION_CONNECT_MIN_S = 5.0
+
+
 def client_session(connect_timeout: float) -> aiohttp.ClientSession:
     """The session for alerts and the baseline's poll loop (probers keep their own pools,
-    the proxy path its own upstream client)."""
+    the proxy path its own upstream client); connects within `connect_timeout`, at least
+    `SESSION_CONNECT_MIN_S`."""
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60)
+    sock_connect = max(connect_timeout, SESSION_CONNECT_MIN_S)
     return aiohttp.ClientSession(
         connector=connector,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=sock_connect),
         auto_decompress=False,
         skip_auto_headers=("User-Agent",),
         read_bufsize=2**16,

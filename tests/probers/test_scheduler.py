@@ -98,7 +98,7 @@ async def test_close_leaves_no_tasks(sim: SimControl) -> None:
     async with running_prober([sim.backend(metrics_path="/metrics")]) as (prober, rec):
         await rec.wait_for(R, lambda r: True)
         tasks = set(prober._tasks)
-        assert len(tasks) == 4
+        assert len(tasks) == 5  # readiness, micro, canary, metrics, connect
     assert all(t.done() for t in tasks)
     assert prober._pool is not None and prober._pool.closed
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("probe ")]

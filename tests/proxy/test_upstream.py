@@ -728,3 +728,12 @@ async def test_https_untrusted_certificate_is_a_connect_error(cert: tuple[Path, 
         assert isinstance(e.value.os_error, ssl.SSLError)
     finally:
         await srv.close()
+
+
+def test_a_tls_backend_gets_at_least_the_tls_floor_to_connect() -> None:
+    """The LAN-tuned 250 ms is for plain HTTP; TCP + TLS to a hosted API gets 3 s at least."""
+    from pulsegate.proxy.upstream import TLS_CONNECT_MIN_S, connect_deadline
+
+    assert connect_deadline(0.25, tls=False) == 0.25
+    assert connect_deadline(0.25, tls=True) == TLS_CONNECT_MIN_S == 3.0
+    assert connect_deadline(10.0, tls=True) == 10.0

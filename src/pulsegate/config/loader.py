@@ -27,6 +27,7 @@ from pulsegate.config.schema import (
     CanaryConfig,
     ClusterConfig,
     Config,
+    ConnectProbeConfig,
     GatewayConfig,
     HealthConfig,
     HeartbeatConfig,
@@ -244,10 +245,15 @@ def _probes(r: _Reader) -> ProbesConfig:
         failures_to_isolate=ca.get("failures_to_isolate", dc.failures_to_isolate, _int(1, 100)),
     )
     metrics_interval = r.get("metrics_interval", ProbesConfig().metrics_interval, _dur(0.05))
-    for sub in (hb, rd, mi, ca):
+    cn, dn = r.sub("connect"), ConnectProbeConfig()
+    connect = ConnectProbeConfig(
+        interval=cn.get("interval", dn.interval, _dur()),
+        timeout=cn.get("timeout", dn.timeout, _dur(0.01)),
+    )
+    for sub in (hb, rd, mi, ca, cn):
         sub.finish()
     r.finish()
-    probes = ProbesConfig(heartbeat, readiness, micro, canary, metrics_interval)
+    probes = ProbesConfig(heartbeat, readiness, micro, canary, metrics_interval, connect)
     r.record(probes_problems(probes))
     return probes
 
@@ -281,6 +287,7 @@ def _health(r: _Reader) -> HealthConfig:
         max_ejected_fraction=r.get("max_ejected_fraction", d.max_ejected_fraction, _num(0.0, 1.0)),
         evaluate_interval=r.get("evaluate_interval", d.evaluate_interval, _dur(0.01)),
         consecutive_failures=r.get("consecutive_failures", d.consecutive_failures, _int(1, 1000)),
+        connect_failures=r.get("connect_failures", d.connect_failures, _int(0, 1000)),
         ejection_base=r.get("ejection_base", d.ejection_base, _dur(0.01)),
         ejection_max=r.get("ejection_max", d.ejection_max, _dur(0.01)),
         ewma_alpha=r.get("ewma_alpha", d.ewma_alpha, _num(0.001, 1.0)),

@@ -105,6 +105,16 @@ class CanaryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ConnectProbeConfig:
+    """`probes.connect` (docs/connect-evidence.md): a TCP connect to the engine's port on a
+    new connection (closed at once, no request), so SYNs dropped or a full accept queue are
+    seen while pooled connections still work. interval 0: off."""
+
+    interval: float = 0.5
+    timeout: float = 0.25
+
+
+@dataclass(frozen=True, slots=True)
 class ProbesConfig:
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     readiness: ReadinessConfig = field(default_factory=ReadinessConfig)
@@ -112,6 +122,7 @@ class ProbesConfig:
     canary: CanaryConfig = field(default_factory=CanaryConfig)
     # Engine Prometheus scrape (queue, KV cache, GPU gauges); only for backends with metrics_path.
     metrics_interval: float = 1.0
+    connect: ConnectProbeConfig = field(default_factory=ConnectProbeConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +155,9 @@ class HealthConfig:
     evaluate_interval: float = 1.0
     # Consecutive connect errors / 5xx / first-byte timeouts on real traffic that eject at once.
     consecutive_failures: int = 5
+    # New connections failed in a row (proxy or `probes.connect`), none made, that eject at
+    # once with cause connect (`health/connects.py`); 0: off.
+    connect_failures: int = 3
     # Ejection backoff: base x n (n = ejections in a row), capped, plus jitter.
     ejection_base: float = 5.0
     ejection_max: float = 300.0
@@ -196,7 +210,11 @@ class RetryConfig:
     # much per requested token (max_tokens), capped at request_timeout.
     per_token_timeout: float = 0.1
     request_timeout: float = 300.0
-    connect_timeout: float = 1.0
+    # A new upstream connection (TCP, and TLS for https) within this, else the attempt moves
+    # to the next backend at once (nothing was sent). Under the kernel's 1 s SYN retransmit,
+    # so a lost SYN costs 250 ms, not 1 s+; a LAN connect takes < 1 ms. An https backend (a
+    # hosted API far away) gets at least 3 s (proxy/upstream.py, docs/connect-evidence.md).
+    connect_timeout: float = 0.25
     hedge: HedgeConfig = field(default_factory=HedgeConfig)
 
 

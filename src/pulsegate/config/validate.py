@@ -95,6 +95,8 @@ def probes_problems(p: ProbesConfig) -> list[Problem]:
         problems.append(("micro_inference.timeout", "must not exceed micro_inference.interval"))
     if canary.timeout > canary.interval:
         problems.append(("canary.timeout", "must not exceed canary.interval"))
+    if p.connect.interval and p.connect.timeout > p.connect.interval:
+        problems.append(("connect.timeout", "must not exceed connect.interval"))
     return problems
 
 

@@ -56,7 +56,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
-from pulsegate.health import conditions, gpu_faults, retune, rules, slowness
+from pulsegate.health import conditions, connects, gpu_faults, retune, rules, slowness
 from pulsegate.health.backoff import Backoff
 from pulsegate.health.cadence import Cadence, cadence
 from pulsegate.health.evaluation import Evaluation
@@ -64,6 +64,7 @@ from pulsegate.health.events import Transition
 from pulsegate.health.evidence import Evidence
 from pulsegate.health.machine import Event, failure_event, transition
 from pulsegate.health.observations import (
+    ConnectResult,
     EngineFacts,
     FirstByteOverdue,
     Heartbeat,
@@ -93,17 +94,16 @@ class BackendHealth:
         rng: random.Random,
         now: float,
     ) -> None:
-        self.config = config
-        self.name = config.name
+        self.config, self.name = config, config.name
         self.models: frozenset[str] = frozenset(config.models)  # /v1/models: set by the fleet
-        self._h = health
-        self._p = probes
+        self._h, self._p = health, probes
         self.signals = Signals(health.ewma_alpha)
         self.backoff = Backoff(health.ejection_base, health.ejection_max, rng)
         self.probation = Probation(health.probation.duration, health.probation.ramp_step)
         self.evidence = Evidence()
         self.gpu = gpu_faults.GpuWatch()  # Xid / ECC / throttle evidence from the agent
         self.slow = slowness.SlowWatch(self.signals)  # 3x slower than its peers: degraded
+        self.connects = connects.ConnectWatch(health.connect_failures)  # new ones failing
         self._st = Standing(config, health.weights, self.signals, self.probation, now)
         # Set by the fleet: the peers' median probe latency, for `rules.probation_end` (None).
         self.peer_latency: Callable[[float], float | None] = _no_peers
@@ -229,6 +229,8 @@ class BackendHealth:
                     self.signals.last_failure_at = now
                     self._st.suspect(obs)
                 return _NOTHING
+            case ConnectResult():
+                return self._apply(self.connects.observe(obs, self._h.connect_failures, now), now)
         raise TypeError(f"not an observation: {obs!r}")
 
     def _on_request(self, r: RequestResult, now: float) -> Sequence[Transition]:
@@ -263,7 +265,7 @@ class BackendHealth:
             if micro and st.state is State.PROBATION:
                 self.probation.micro_passed()
             st.clear_suspect()
-            return self._apply(self._ready_seen(), now)
+            return self._apply(self._ready_seen(now), now)
         if st.state is State.COLD:
             # Never routable yet, so no transition; but the operator must see why it stays
             # out (vLLM that cannot run its model passes /health and fails its first
@@ -276,9 +278,8 @@ class BackendHealth:
     def _on_readiness(self, p: ProbeResult, now: float) -> Sequence[Transition]:
         ev = self.evidence
         if not p.ok:
-            # Unreachable or timed out says nothing about loading: it is counted as an
-            # error and the streak rules judge it (a hung engine is sick, not warming).
-            # A refused connection is different: out at once, before clients find out.
+            # Unreachable or timed out says nothing about loading: an error for the streak
+            # rules (a hung engine is sick, not warming). Refused: out at once, before clients.
             if not p.refused:
                 return _NOTHING
             ev.on_refused()
@@ -294,11 +295,11 @@ class BackendHealth:
             # while nothing listened describe the outage, not this process. Without this a
             # restart after a long outage waited 30-40 s for the error rate to decay.
             self.signals.forget_outage()
-        return self._apply(self._ready_seen(), now)
+        return self._apply(self._ready_seen(now), now)
 
-    def _ready_seen(self) -> Fire | None:
+    def _ready_seen(self, now: float) -> Fire | None:
         fire = rules.ready_seen(self.state, self.evidence, self.signals, self._h, self._p)
-        return self.gpu.gate(fire)
+        return self.connects.gate(self.gpu.gate(fire), now)
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -315,7 +316,7 @@ class BackendHealth:
         if self._evaluation.due(now):
             self._st.refresh(now, self.slow.weight_ratio(now))
             fire = self.slow.judge(self.state, self._evaluation.judge(self._st, now), now)
-            out.extend(self._apply(self.gpu.gate(fire), now))
+            out.extend(self._apply(self.connects.gate(self.gpu.gate(fire), now), now))
         if self.state is State.PROBATION:
             p = self.probation
             if not p.done(now):
@@ -340,8 +341,8 @@ class BackendHealth:
         if self.state is not State.DRAINED:
             return _NOTHING
         out = [self._move(Event.UNDRAIN, now, "undrain", "undrained by operator")]
-        ev = self.evidence
-        fire = rules.not_ready(self.state, ev.ready_reason) if ev.not_ready else self._ready_seen()
+        ev, st = self.evidence, self.state  # cold, after the move
+        fire = rules.not_ready(st, ev.ready_reason) if ev.not_ready else self._ready_seen(now)
         out.extend(self._apply(fire, now))
         return out
 

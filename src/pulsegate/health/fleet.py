@@ -264,6 +264,7 @@ class Fleet:
         snap["panic"] = (
             b.state is State.EJECTED and not b.dead and any(m in self._panic for m in b.models)
         )
+        snap["connect_failures"] = b.connects.failures  # new connections failed in a row
         return snap
 
     # -- internals ----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 The proxy reports `RequestResult` for every client request attempt; probers report
 `ProbeResult`, `EngineFacts` and `Heartbeat`; the proxy's in-flight watcher reports
-`FirstByteOverdue`. The core turns these into verdicts and never does I/O itself.
+`FirstByteOverdue`; the proxy and the connect probe report `ConnectResult` for each fresh
+TCP connection they open (`connects`). The core turns these into verdicts and never does I/O itself.
 A value that is not known is ``None``: never a made-up number.
 """
 
@@ -115,4 +116,16 @@ class FirstByteOverdue:
     oldest_s: float
 
 
-Observation = RequestResult | ProbeResult | EngineFacts | Heartbeat | FirstByteOverdue
+@dataclass(frozen=True, slots=True)
+class ConnectResult:
+    """One fresh TCP connection to the backend (never the reuse of a pooled one): made, or
+    why not (`reason`: "timed out", "connection refused", ...). Connections already open
+    keep working through a SYN drop or a full accept queue; only a new one sees it."""
+
+    ok: bool
+    reason: str = ""
+
+
+Observation = (
+    RequestResult | ProbeResult | EngineFacts | Heartbeat | FirstByteOverdue | ConnectResult
+)

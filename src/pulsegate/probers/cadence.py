@@ -31,6 +31,7 @@ class Kind(enum.Enum):
     MICRO = "micro"
     CANARY = "canary"
     METRICS = "metrics"
+    CONNECT = "connect"  # a bare TCP connect (`dial`): sends no request, so no header
 
 
 def delays(probes: ProbesConfig, kind: Kind, rng: random.Random) -> tuple[float, float]:
@@ -44,6 +45,8 @@ def delays(probes: ProbesConfig, kind: Kind, rng: random.Random) -> tuple[float,
         return base, base / UNSTABLE_SPEEDUP
     if kind is Kind.CANARY:
         return probes.canary.interval * j, probes.canary.interval * j / UNSTABLE_SPEEDUP
+    if kind is Kind.CONNECT:  # half after a failed connect: confirmed or cleared soon
+        return probes.connect.interval * j, probes.connect.interval * j / 2
     return probes.metrics_interval * j, probes.metrics_interval * j
 
 

@@ -8,6 +8,7 @@ Each task runs one probe, emits what it observed, then pauses until the next one
 | micro      | interval + U(0, jitter) (3-5 s)      | a third of that (1-1.7 s)   | as stated |
 | canary     | canary.interval (2 s)                | a third (0.67 s)            | +-10%     |
 | metrics    | metrics_interval (1 s)               | the same                    | +-10%     |
+| connect    | connect.interval (0.5 s; 0: off)     | a half (0.25 s)             | +-10%     |
 
 Intervals run from the start of one probe to the start of the next, so a probe that times
 out does not stretch the cadence; since a task awaits its probe before pausing, at most one
@@ -32,6 +33,9 @@ Gating (decisions the health core cannot make for us, because they are about wha
   failures there are real evidence.
 - micro-inference is skipped while `micro_via_agent(name)` is True (the agent's heartbeat
   stream carries it); asked every round, so the HTTP probe resumes if the agent goes away.
+- the connect probe (`dial`: a new TCP connection, closed at once) waits for the first
+  readiness answer too, then runs whatever the engine says, on every gateway replica: it
+  judges the path from this gateway, and it costs the engine nothing.
 """
 
 from __future__ import annotations
@@ -47,8 +51,15 @@ import aiohttp
 
 from pulsegate.clock import Clock
 from pulsegate.config import BackendConfig, ProbesConfig
-from pulsegate.health.observations import EngineFacts, Observation, ProbeKind, ProbeResult
+from pulsegate.health.observations import (
+    ConnectResult,
+    EngineFacts,
+    Observation,
+    ProbeKind,
+    ProbeResult,
+)
 from pulsegate.probers.cadence import Kind, delays, pause
+from pulsegate.probers.dial import dial
 from pulsegate.probers.engine_metrics import EngineMetricsReader
 from pulsegate.probers.http import PROBE_HEADER, new_probe_session
 from pulsegate.probers.micro import Inference, probe_inference
@@ -69,6 +80,7 @@ class ProbeIO:
     readiness: Callable[..., Awaitable[Readiness]] = probe_readiness
     inference: Callable[..., Awaitable[Inference]] = probe_inference
     scrape: Callable[..., Awaitable[EngineFacts | str]] = scrape_engine
+    connect: Callable[..., Awaitable[ConnectResult | None]] = dial
 
 
 @dataclass(eq=False)
@@ -144,6 +156,8 @@ class Prober:
             kinds = [Kind.READINESS, Kind.MICRO, Kind.CANARY]
             if cfg.metrics_path:
                 kinds.append(Kind.METRICS)
+            if self._probes.connect.interval > 0:
+                kinds.append(Kind.CONNECT)
             b.wake = {k: asyncio.Event() for k in kinds}
             self._backends[cfg.name] = b
             for kind in kinds:
@@ -178,6 +192,7 @@ class Prober:
             Kind.MICRO: self._micro,
             Kind.CANARY: self._canary,
             Kind.METRICS: self._metrics,
+            Kind.CONNECT: self._connect,
         }[kind]
         if kind is not Kind.READINESS:
             await b.answered.wait()
@@ -291,6 +306,18 @@ class Prober:
         self._log_change(b, "metrics", "ok", f"metrics scrape of {cfg.name} ok again")
         self._emit(cfg.name, out)
         return False
+
+    async def _connect(self, b: _Backend) -> bool:
+        r = await self._io.connect(b.cfg.url, self._probes.connect.timeout, self._clock)
+        if r is None:  # our own shortage (file descriptors, ports): no evidence either way
+            return False
+        if r.ok:
+            self._log_change(b, "connect", "ok", f"new connections to {b.cfg.name} made again")
+        else:
+            msg = f"new connection to {b.cfg.name} failed: {r.reason}"
+            self._log_change(b, "connect", "failing", msg)
+        self._emit(b.cfg.name, r)
+        return not r.ok
 
     # ---- helpers -------------------------------------------------------------------------
 

@@ -5,6 +5,11 @@ continuations, the `/tokenize` count of a resume), classifies a failure (`classi
 reports the outcome to the health core. Nothing has reached the client when it returns, so
 every `Failure` may still be retried elsewhere; `Failure.response` is the exception: the
 backend judged the request itself bad (a 4xx), which is final.
+
+A new upstream connection made during an attempt, or one that could not be made (timed out
+within `retry.connect_timeout`, refused), is reported too, as a `ConnectResult`: the
+evidence of a node that takes no new connection while pooled ones work (`health/connects.py`).
+Only when the pool opened one: a request on a pooled connection reports nothing more.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from aiohttp import web
 
 from pulsegate import clock as _clock
 from pulsegate.clock import Clock
-from pulsegate.health.observations import Outcome, RequestResult
+from pulsegate.health.connects import OWN_ERRNOS
+from pulsegate.health.observations import ConnectResult, Outcome, RequestResult
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
 from pulsegate.proxy.errors import error_body
 from pulsegate.proxy.exchange import Exchange
@@ -28,9 +34,17 @@ from pulsegate.proxy.resume import token_count, tokenize_request
 from pulsegate.proxy.rhythm import Rhythms
 from pulsegate.proxy.state import ProxyState
 from pulsegate.proxy.targets import Target
-from pulsegate.proxy.upstream import ProtocolError, Response, Upstream, UpstreamError
+from pulsegate.proxy.upstream import (
+    ConnectFailed,
+    ConnectTimeout,
+    ProtocolError,
+    Response,
+    Upstream,
+    UpstreamError,
+)
 
 _OK_NONSTREAM = RequestResult(Outcome.OK, None, 200)
+_CONNECT_OK = ConnectResult(True)
 # Counting the sent text's tokens on the continuation target: ~1-50 ms for vLLM; past this
 # the event count is used rather than delay the resume further.
 TOKENIZE_TIMEOUT_S = 2.0
@@ -103,6 +117,7 @@ class AttemptOpener:
         got_headers = False
         resp: Response | None = None
         pool = self._upstream.pool(name, target.url, target.headers)
+        connects = pool.connects  # moved: this attempt (or one beside it) made a connection
         trace = self.trace
         extra = None if trace is None or ex is None else trace(ex, target)
         try:
@@ -137,12 +152,16 @@ class AttemptOpener:
                 # Our own loop stood still for part of the wait: the attempt moves on, but
                 # the backend is not blamed for time we were not running (pulsegate.clock).
                 return Failure(outcome, None, f"{name}: {describe(e)} (gateway stalled)")
+            if self._new_connection_failed(e, t0):
+                self._outcomes.report(name, ConnectResult(False, describe(e)))
             self._outcomes.report(name, RequestResult(outcome, None, None))
             return Failure(outcome, None, f"{name}: {describe(e)}")
         finally:
             state.unwatch_pending(name, cm)
             if token is not None:
                 state.first_byte.seen(name, token)
+            if pool.connects != connects:
+                self._outcomes.report(name, _CONNECT_OK)
         # A non-streamed answer arrives whole: its time is generation time, not time to
         # first token, and must not look like latency to the health core (R17).
         if stream:
@@ -195,6 +214,15 @@ class AttemptOpener:
                 response=web.Response(status=status, body=data, headers=headers),
             )
         return Failure(outcome, status, f"{target.name}: HTTP {status}", retry_after)
+
+    def _new_connection_failed(self, e: BaseException, t0: float) -> bool:
+        """`e` says a new connection could not be made, and not for our own sake: no stall
+        of our loop excuses the timeout, no shortage of ours (`OWN_ERRNOS`) the failure."""
+        if isinstance(e, ConnectTimeout):
+            return not self._own_stall(t0, self._upstream.connect_timeout)
+        if isinstance(e, ConnectFailed):
+            return e.os_error is None or e.os_error.errno not in OWN_ERRNOS
+        return False
 
     def _own_stall(self, t0: float, deadline: float) -> bool:
         """The deadline since `t0` ran out only because this process's loop was stalled."""

@@ -79,6 +79,17 @@ IDLE_TIMEOUT_S = 30.0
 # Fewer would make a burst after a stall open new connections into a backend's full accept
 # queue, where a dropped SYN costs its 1 s retransmit (docs/performance.md, findings).
 MAX_IDLE = 256
+# An https backend connects (TCP, then TLS) within at least this: `retry.connect_timeout`
+# (250 ms) is tuned for engines on the LAN, where a lost SYN should move on at once; a hosted
+# API 100 ms away needs ~300 ms for TCP + TLS before any fault.
+TLS_CONNECT_MIN_S = 3.0
+
+
+def connect_deadline(configured: float, tls: bool) -> float:
+    """Seconds a new connection may take: `retry.connect_timeout`, at least
+    `TLS_CONNECT_MIN_S` over TLS (a handshake is two more round trips, often far away)."""
+    return max(configured, TLS_CONNECT_MIN_S) if tls else configured
+
 _SKIP_HEADERS = frozenset(("host", "content-length", "transfer-encoding", "connection"))
 
 
@@ -172,7 +183,7 @@ class Pool:
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
-        timeout = self._up.connect_timeout
+        timeout = connect_deadline(self._up.connect_timeout, tls=self._ssl is not None)
         try:
             async with asyncio.timeout(timeout):
                 _, conn = await loop.create_connection(
