@@ -8,8 +8,9 @@ request ever sees half of it: backends added start cold and are probed at once, 
 ones take no new request while their requests and streams finish, changed ones keep their
 health history unless their URL changed (`Fleet.reconfigure`); every other key applies at
 once. The keys bound to the process itself (`gateway.listen`, `gateway.workers`,
-`gateway.mode`) keep their running values and the outcome says so: they need a replacement
-(`pulsegate serve --replace PID`).
+`gateway.mode`, and the HTTP server's `client_idle_timeout`, `client_header_timeout`,
+`max_client_connections`) keep their running values and the outcome says so: they need a
+replacement (`pulsegate serve --replace PID`).
 
 Every reload, applied or refused, is one event in `/admin/events`, one log line and one
 count in `pulsegate_config_reloads_total{result}`. Signals arriving while a reload is due
@@ -35,11 +36,15 @@ from pulsegate.health.fleet import Reconfigured
 log = logging.getLogger("pulsegate.reload")
 
 # The keys a reload cannot change in a running process: the listening socket, the process
-# layout, the proxy's kind of verdicts.
+# layout, the proxy's kind of verdicts, and what the HTTP server and its connection guard
+# were built with (`runtime.runner`, `runtime.client_site`).
 PROCESS_KEYS = (
     ("gateway.listen", lambda c: (c.gateway.host, c.gateway.port)),
     ("gateway.workers", lambda c: c.gateway.workers),
     ("gateway.mode", lambda c: c.gateway.mode),
+    ("gateway.client_idle_timeout", lambda c: c.gateway.client_idle_timeout),
+    ("gateway.client_header_timeout", lambda c: c.gateway.client_header_timeout),
+    ("gateway.max_client_connections", lambda c: c.gateway.max_client_connections),
 )
 
 
@@ -77,6 +82,9 @@ def keep_process_keys(running: Config, new: Config) -> tuple[Config, tuple[str, 
         port=running.gateway.port,
         workers=running.gateway.workers,
         mode=running.gateway.mode,
+        client_idle_timeout=running.gateway.client_idle_timeout,
+        client_header_timeout=running.gateway.client_header_timeout,
+        max_client_connections=running.gateway.max_client_connections,
     )
     return dataclasses.replace(new, gateway=g), changed
 

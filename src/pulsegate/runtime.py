@@ -3,11 +3,23 @@
 uvloop, logging, GC tuning, signal handling, the HTTP site's start and ordered graceful
 shutdown, and `TaskSet`: background tasks kept by reference (never garbage-collected
 mid-flight) whose crash is logged with its traceback instead of dying silently.
+
+The client-facing site (`client_site`) is a `GuardedSite`: its listening socket makes each
+connection's protocol through a `conn_guard.ConnGuard` (the connection cap, the header
+timeout) around aiohttp's own. What that relies on in aiohttp, each checked by
+`tests/test_conn_guard_unit.py` so an upgrade that breaks it fails loudly:
+- `web.Server` is a protocol factory (its documented low-level use), and each
+  `RequestHandler` it makes reads `Server.request_handler` when made: the wrapper that
+  tells the guard a request's handler began and ended is put there (`_guard_requests`,
+  which checks it took and otherwise leaves the header timeout off, logging an error);
+- `BaseSite._server` holds the site's asyncio server (`BaseSite.stop` closes it;
+  `bound_port` reads it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import resource
@@ -19,6 +31,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from pulsegate.config.schema import GatewayConfig
+from pulsegate.conn_guard import Conn, ConnGuard, fd_cap, sweep_period
+from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.state import ProxyState
 
 log = logging.getLogger("pulsegate")
@@ -43,7 +58,11 @@ def runner(app: web.Application, idle_timeout: float) -> web.AppRunner:
     3,630 s let 300 idle sockets under a 256-fd limit lock new clients out). A connection
     busy with a request or a stream is never idle."""
     return web.AppRunner(
-        app, handler_cancellation=True, access_log=None, keepalive_timeout=idle_timeout
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=idle_timeout,
+        shutdown_timeout=SITE_SHUTDOWN_S,
     )
 
 
@@ -147,17 +166,105 @@ def client_session(connect_timeout: float) -> aiohttp.ClientSession:
 
 
 def tcp_site(runner: web.AppRunner, host: str, port: int, reuse_port: bool) -> web.TCPSite:
-    return web.TCPSite(
-        runner,
-        host,
-        port,
-        shutdown_timeout=SITE_SHUTDOWN_S,
-        reuse_port=reuse_port,
-        backlog=BACKLOG,
-    )
+    """A plain site (the EPP's admin): no connection guard."""
+    return web.TCPSite(runner, host, port, reuse_port=reuse_port, backlog=BACKLOG)
 
 
-def bound_port(site: web.TCPSite, default: int) -> int:
+def client_site(
+    runner: web.AppRunner, cfg: GatewayConfig, port: int, metrics: ProxyMetrics | None
+) -> GuardedSite:
+    """The clients' site on `cfg.host`:`port` (SO_REUSEPORT always: a replacement, or the
+    other workers, listen beside it), its connections capped at
+    `gateway.max_client_connections`, lowered to what the open-file limit leaves (one log
+    line says so), and their heads bounded by `gateway.client_header_timeout`."""
+    server = runner.server
+    assert server is not None, "runner.setup() first"
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    wanted = cfg.max_client_connections
+    cap = wanted if nofile == resource.RLIM_INFINITY else fd_cap(wanted, nofile)
+    if cap < wanted:
+        log.info(
+            "gateway.max_client_connections lowered from %d to %d: the open-file limit is "
+            "%d (half of what the process does not need itself kept for upstream connections)",
+            wanted,
+            cap,
+            nofile,
+        )
+    loop = asyncio.get_running_loop()
+    guard = ConnGuard(server, cap, cfg.client_header_timeout, loop.time, metrics)
+    if not _guard_requests(server, guard):
+        log.error(
+            "aiohttp's web.Server no longer hands Server.request_handler to its protocols: "
+            "gateway.client_header_timeout is off (client_idle_timeout still bounds a head)"
+        )
+        guard.header_timeout = float("inf")
+    return GuardedSite(runner, cfg.host, port, guard)
+
+
+def _guard_requests(server: web.Server, guard: ConnGuard) -> bool:
+    """Tell `guard` when each request's handler begins and ends (its head is then whole):
+    the wrapper goes where each new aiohttp protocol reads its handler from. Returns whether
+    a protocol made now does use it (one private read, only to check)."""
+    handler = server.request_handler
+
+    async def guarded(request: web.BaseRequest) -> web.StreamResponse:
+        t = request.transport
+        conn = t.get_protocol() if t is not None else None
+        if conn is None or conn.__class__ is not Conn:
+            return await handler(request)
+        guard.begin(conn)
+        try:
+            return await handler(request)
+        finally:
+            guard.end(conn, request.content)
+
+    server.request_handler = guarded
+    probe = server()
+    return getattr(probe, "_request_handler", None) is guarded
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP site whose listening socket makes its connections through a `ConnGuard`, and
+    sweeps it (`ConnGuard.sweep`) every `sweep_period` while it listens."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnGuard) -> None:
+        super().__init__(runner, backlog=BACKLOG)
+        self.host, self.port, self.guard = host, port, guard
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self.guard.factory, self.host, self.port, backlog=BACKLOG, reuse_port=True
+        )
+        self._sweeper = loop.create_task(self._sweep(), name="conn-guard-sweep")
+
+    async def _sweep(self) -> None:
+        guard = self.guard
+        period = sweep_period(guard.header_timeout)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                guard.sweep(guard.now())
+            except Exception:  # never let one bad connection end the sweeping
+                log.exception("connection guard sweep failed")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        self.guard.close_refusals()
+        await super().stop()
+
+
+def bound_port(site: web.BaseSite, default: int) -> int:
     """The port `site` listens on (resolves port 0)."""
     sockets = getattr(site._server, "sockets", None)
     return sockets[0].getsockname()[1] if sockets else default

@@ -6,7 +6,8 @@ clear 4xx (OpenAI's error shape where the request reached our handler) or a clos
 connection, with the gateway alive afterwards. While each case is in flight, `/healthz` is
 asked on another connection and its time printed (`healthz during CASE: N ms`; run with
 `-s` to see them); the test asserts only a generous 1 s ("not frozen"), never a timing.
-Slowloris is a known gap (aiohttp has no header timeout): the test records what happens.
+Slowloris (a head or a body trickled a byte at a time) is cut by `client_header_timeout` /
+`client_body_timeout` (`conn_guard.py`, `proxy/forward.py`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from support import Gateway, Sim, backend_entry, fast_probes
 
 CHAT = b"/v1/chat/completions"
 FROZEN_S = 1.0  # far above the ~ms /healthz takes: only "the loop is not stuck"
-IDLE_S = 1.5  # `gateway.client_idle_timeout`: slowloris cases are cut after it
+IDLE_S = 1.5  # `gateway.client_idle_timeout`
+SLOW_S = 1.0  # `client_header_timeout` and `client_body_timeout`: slowloris is cut after it
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +36,19 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     sim = Sim(tmp, "a")
     try:
         cfg = {
-            "gateway": {"client_idle_timeout": IDLE_S},
+            "gateway": {
+                "client_idle_timeout": IDLE_S,
+                "client_header_timeout": SLOW_S,
+                "client_body_timeout": SLOW_S,
+            },
             "backends": [backend_entry(sim)],
-            "probes": fast_probes(),
+            # The 4 MiB cases keep the one sim busy ~1 s (more on a loaded box): probes
+            # that time out twice meanwhile eject it, and the ejection cuts the request.
+            "probes": {
+                **fast_probes(),
+                "canary": {"interval": "3s", "timeout": "3s"},
+                "micro_inference": {"interval": "3s", "jitter": "0s", "timeout": "3s"},
+            },
         }
         g = Gateway(tmp, cfg)
         try:
@@ -201,7 +213,7 @@ def test_one_huge_header_gets_a_4xx_or_a_close(gw: Gateway) -> None:
 
 
 def _trickle(gw: Gateway, case: str, head: bytes, byte: bytes) -> tuple[float | None, Reply]:
-    """Send `head`, then `byte` every 100 ms (at most 60 times: 6 s, four times the idle
+    """Send `head`, then `byte` every 100 ms (at most 60 times: 6 s, six times the slowloris
     timeout) asking /healthz after each; returns when the gateway answered or closed
     (seconds after `head`, None if it did neither) and what it answered."""
     s = socket.create_connection((gw.host, gw.port), timeout=5)
@@ -242,21 +254,21 @@ def _trickle(gw: Gateway, case: str, head: bytes, byte: bytes) -> tuple[float | 
         s.close()
 
 
-def test_slowloris_headers_are_cut_at_the_idle_timeout(gw: Gateway) -> None:
-    """A header byte every 100 ms: the connection is closed once `client_idle_timeout` has
-    passed without a whole request (aiohttp's keep-alive timer is not reset by a partial
-    head), and /healthz answers throughout."""
-    took, _ = _trickle(gw, "slowloris headers", b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"X")
-    assert took is not None, "a trickled head was held past 4x the idle timeout"
+def test_slowloris_headers_get_a_408_at_the_header_timeout(gw: Gateway) -> None:
+    """A header byte every 100 ms: 408 and closed once `client_header_timeout` has passed
+    since the head's first byte, and /healthz answers throughout."""
+    took, reply = _trickle(gw, "slowloris headers", b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"X")
+    assert took is not None, "a trickled head was held past 6x its timeout"
+    assert _openai_error(reply, 408)["code"] == "request_timeout"
 
 
-def test_a_trickled_body_gets_a_408_at_the_idle_timeout(gw: Gateway) -> None:
+def test_a_trickled_body_gets_a_408_at_the_body_timeout(gw: Gateway) -> None:
     """A body byte every 100 ms: 408 `request_timeout` (OpenAI's shape) once the body has
-    had `client_idle_timeout` to arrive (found here: the landed gateway held the
+    had `client_body_timeout` to arrive (found here: the landed gateway held the
     connection, its handler and its buffer for as long as the client went on)."""
     head = _post(b"")[: -len(b"Content-Length: 0\r\n\r\n")] + b"Content-Length: 1000\r\n\r\n"
     took, reply = _trickle(gw, "slowloris body", head, b" ")
-    assert took is not None, "a trickled body was held past 4x the idle timeout"
+    assert took is not None, "a trickled body was held past 6x its timeout"
     assert _openai_error(reply, 408)["code"] == "request_timeout"
 
 
@@ -281,8 +293,8 @@ BAD_CHUNKS = {
     "negative": _chunked(b"-2\r\n{}\r\n0\r\n\r\n"),
     "overflowing": _chunked(b"ffffffffffffffffff\r\n{}\r\n0\r\n\r\n"),
     "past the body limit": _chunked(b"7fffffff\r\n" + b"a" * (5 * 1024 * 1024)),
-    # then the client shuts its side: a body that never comes (one that is merely slow is
-    # held: the body-timeout gap of docs/reliability.md)
+    # then the client shuts its side: a body that never comes (one that is merely slow gets
+    # the body timeout's 408)
     "shorter than said": _chunked(b"10\r\n{}\r\n0\r\n\r\n"),
 }
 

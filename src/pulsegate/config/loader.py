@@ -210,6 +210,11 @@ def _gateway(r: _Reader, base_dir: str | None) -> GatewayConfig:
         admin_token_env=r.get("admin_token_env", d.admin_token_env, _env_name),
         max_body_bytes=r.get("max_body_bytes", d.max_body_bytes, _int(1024)),
         client_idle_timeout=r.get("client_idle_timeout", d.client_idle_timeout, _dur(0.1)),
+        max_client_connections=r.get(
+            "max_client_connections", d.max_client_connections, _int(1, 1_000_000)
+        ),
+        client_header_timeout=r.get("client_header_timeout", d.client_header_timeout, _dur(0.1)),
+        client_body_timeout=r.get("client_body_timeout", d.client_body_timeout, _dur(0.1)),
         workers=r.get("workers", d.workers, _int(1, 64)),
         mode=r.get("mode", d.mode, _choice("pulsegate", "round_robin", "polling", "passive")),
         access_log=r.get("access_log", d.access_log, _access_log(base_dir)),

@@ -66,6 +66,18 @@ class GatewayConfig:
     # An idle keep-alive client connection is closed after this long (nginx's default;
     # aiohttp's own is 3,630 s). Read at start, not on reload.
     client_idle_timeout: float = 75.0
+    # Most client connections one process holds (per worker, like nginx's
+    # worker_connections: the open-file limit it protects is per process); past it a new
+    # connection is answered 503 at once and closed (`conn_guard.py`). Lowered at start to
+    # what the open-file limit leaves. Read at start, not on reload.
+    max_client_connections: int = 10_000
+    # A request head not whole this long after its first byte: 408 and closed (nginx's
+    # `client_header_timeout` is 60 s; HAProxy's docs advise 10 s for `timeout
+    # http-request`). Read at start, not on reload.
+    client_header_timeout: float = 10.0
+    # The whole request body must arrive within this (a 4 MiB body at >= 1.1 Mbit/s):
+    # 408 `request_timeout`. Applies at reload.
+    client_body_timeout: float = 30.0
     workers: int = 1
     # Plain, stateless `/health` polling and round-robin: the chaos lab's baselines.
     mode: str = "pulsegate"

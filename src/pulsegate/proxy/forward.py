@@ -87,10 +87,10 @@ class Forwarder:
         self.limits = Limits.of(config)
         self.max_attempts = r.max_attempts
         self.queue_timeout = config.routing.queue_timeout
-        # A body still arriving gets `gateway.client_idle_timeout` (75 s) to arrive whole: a
+        # A body still arriving gets `gateway.client_body_timeout` (30 s) to arrive whole: a
         # client trickling it (slow-body slowloris) held its connection, handler and up to
         # `max_body_bytes` of buffer for as long as it went on (issue #22).
-        self.body_timeout = config.gateway.client_idle_timeout
+        self.body_timeout = config.gateway.client_body_timeout
         self.budget = budget
         # `resume: none`: an engine that cannot continue a stream is never a continuation
         # target, whatever engine the stream broke on.

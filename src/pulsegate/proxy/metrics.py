@@ -12,10 +12,28 @@ from collections.abc import Callable, Iterable, Mapping
 from pulsegate.observe.metrics import Counter, Gauge, Histogram, Registry
 
 
+class Level(Counter):
+    """A gauge the proxy sets as things change (not read at scrape time), so that a primary
+    sums it over its workers like the counters (a worker's last value counts until it is
+    replaced: one killed by SIGKILL leaves its last level in the sum)."""
+
+    def set(self, value: float, labels: tuple[str, ...] = ()) -> None:
+        self.values[labels] = value
+
+    def render(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.doc}"
+        yield f"# TYPE {self.name} gauge"
+        for line in super().render():
+            if not line.startswith("#"):
+                yield line
+
+
 class ProxyMetrics:
     __slots__ = (
         "access_log_dropped",
         "api_requests",
+        "client_connections",
+        "client_connections_refused",
         "hedges",
         "key_rejections",
         "key_requests",
@@ -30,6 +48,16 @@ class ProxyMetrics:
     )
 
     def __init__(self, r: Registry) -> None:
+        # The client connection cap (`conn_guard.py`, `gateway.max_client_connections`).
+        self.client_connections = Level(
+            "pulsegate_client_connections", "Client connections open (refused ones left out)"
+        )
+        self.client_connections.set(0)
+        r.add(self.client_connections)
+        self.client_connections_refused: Counter = r.counter(
+            "pulsegate_client_connections_refused_total",
+            "Client connections answered 503 at once: gateway.max_client_connections open",
+        )
         self.requests: Counter = r.counter(
             "pulsegate_requests_total",
             "Client request attempts by backend, model and status code",
@@ -108,6 +136,8 @@ class ProxyMetrics:
             self.key_rejections,
             self.access_log_dropped,
             self.traces_dropped,
+            self.client_connections,
+            self.client_connections_refused,
         )
 
 
