@@ -267,6 +267,30 @@ def test_spills_when_local_is_unhealthy_and_comes_back_when_it_recovers() -> Non
     assert set(shares(bal, FLEET, 500)) == {"a1", "a2"}
 
 
+def _probation(v: Verdict, ramp: float) -> Verdict:
+    return Verdict(v.name, State.PROBATION, 90.0, ramp, v.zone, v.region, affinity_weight=ramp,
+                   ramp=ramp)  # fmt: skip
+
+
+def test_a_zone_coming_back_in_probation_takes_its_ramp_share_only() -> None:
+    """Both local backends in probation at 10%: ~10% of the traffic stays home, the rest goes
+    to the region (before: all of it went home at the first ramp step, untested). One of them
+    ready: the whole zone tier again. Sessions keep one tier per key."""
+    bal = balancer(prefer_zone="east-1a")
+    back = tuple(_probation(v, 0.1) if v.zone == "east-1a" else v for v in FLEET)
+    got = shares(bal, back, 5_000)
+    home = got.get("a1", 0) + got.get("a2", 0)
+    assert 0.07 < home < 0.13 and set(got) == {"a1", "a2", "b1"}, got
+    half = tuple(_probation(v, 0.5) if v.zone == "east-1a" else v for v in FLEET)
+    got = shares(bal, half, 5_000)
+    assert 0.45 < got.get("a1", 0) + got.get("a2", 0) < 0.55, got
+    one_ready = (FLEET[0], _probation(FLEET[1], 0.1), *FLEET[2:])
+    assert set(shares(bal, one_ready, 500)) == {"a1", "a2"}
+    for key in ("k1", "k2", "k3", "k4"):
+        picks = {bal.pick(back, {}, (), key).name for _ in range(20)}  # type: ignore[union-attr]
+        assert len(picks) == 1 or picks <= {"a1", "a2"}, (key, picks)
+
+
 def test_region_of_the_zone_is_remembered_once_seen() -> None:
     """The zone's region, learned from any candidate list, still applies when the whole zone
     later drops out of the candidates (ejected); before it is ever seen there is no region tier."""

@@ -144,8 +144,8 @@ class Standing:
 
     def _build(self) -> Verdict:
         affinity = self.config.weight
-        if self.state is State.PROBATION:
-            affinity *= self.ramp
+        ramp = self.ramp if self.state is State.PROBATION else 1.0
+        affinity *= ramp
         if self.suspicion.active:
             affinity *= SUSPECT_FACTOR
-        return self.weighing.verdict(self.config, self.state, affinity, self._limit.value)
+        return self.weighing.verdict(self.config, self.state, affinity, self._limit.value, ramp)

@@ -46,3 +46,6 @@ class Verdict:
     # factor, without the score. Score jitter must not move sessions; bounded load and
     # ejection do that.
     affinity_weight: float = 1.0
+    # The probation ramp (0..1; 1.0 in every other state): a zone tier made only of ramping
+    # backends takes that share of its traffic, the next tier the rest (`balancer.py`).
+    ramp: float = 1.0

@@ -61,7 +61,12 @@ class Weighing:
         return True
 
     def verdict(
-        self, config: BackendConfig, state: State, affinity: float, max_inflight: int
+        self,
+        config: BackendConfig,
+        state: State,
+        affinity: float,
+        max_inflight: int,
+        ramp: float = 1.0,
     ) -> Verdict:
         """The verdict in `state`: weight = score-derived weight x `affinity` (configured
         weight x probation ramp x suspect factor), 0 unless routable and pickable."""
@@ -80,6 +85,7 @@ class Weighing:
             prefix_cache_hit_rate=self.prefix_hit,
             max_inflight=max_inflight,
             affinity_weight=affinity,
+            ramp=ramp,
         )
 
     def panic_verdict(self, config: BackendConfig, verdict: Verdict) -> Verdict:
