@@ -90,6 +90,7 @@ def connect_deadline(configured: float, tls: bool) -> float:
     `TLS_CONNECT_MIN_S` over TLS (a handshake is two more round trips, often far away)."""
     return max(configured, TLS_CONNECT_MIN_S) if tls else configured
 
+
 _SKIP_HEADERS = frozenset(("host", "content-length", "transfer-encoding", "connection"))
 
 
