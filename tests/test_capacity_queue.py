@@ -233,3 +233,60 @@ async def test_after_an_idle_queue_a_burst_is_not_refused() -> None:
         t.cancel()
     await asyncio.gather(*burst, return_exceptions=True)
     assert done == []
+
+
+@pytest.mark.asyncio
+async def test_urgent_waiters_go_before_newcomers_in_their_own_order() -> None:
+    """A retry or a broken stream's continuation (urgent) is served before every waiter
+    already queued, urgent ones among themselves first come first served."""
+    q = CapacityQueue(100)
+    slots = Slots(q)
+    done: list[str] = []
+
+    async def waiter(name: str, urgent: bool) -> None:
+        if await q.wait("m", 5.0, slots.pick, slots.has_room, urgent=urgent) is not None:
+            done.append(name)
+
+    order = [("n0", False), ("n1", False), ("u0", True), ("n2", False), ("u1", True)]
+    tasks = []
+    for name, urgent in order:
+        tasks.append(asyncio.create_task(waiter(name, urgent)))
+        await asyncio.sleep(0)
+    for i in range(len(order)):
+        slots.free()
+        await _settle(tasks, done, i + 1)
+    assert done == ["u0", "u1", "n0", "n1", "n2"]
+    await asyncio.gather(*tasks)
+
+
+@pytest.mark.asyncio
+async def test_an_urgent_waiter_is_not_refused_for_the_expected_wait() -> None:
+    """25 waiters ahead at 0.1 s apart refuse a newcomer at once (2.5 s > 3/4 of 2 s), but an
+    urgent one queues at the head and gets the next slot."""
+    clock = Clock()
+    q = CapacityQueue(1000, now=clock)
+    slots = Slots(q)
+    done: list[str] = []
+
+    async def waiter(name: str, urgent: bool = False) -> str | None:
+        got = await q.wait("m", 2.0, slots.pick, slots.has_room, urgent=urgent)
+        if got is not None:
+            done.append(name)
+        return got
+
+    tasks = [asyncio.create_task(waiter(f"w{i}")) for i in range(40)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    for _ in range(15):
+        await _serve_one(slots, done, clock, 0.1)
+    assert q.depth == 25
+    refused = asyncio.create_task(waiter("late"))
+    urgent = asyncio.create_task(waiter("retry", urgent=True))
+    await asyncio.sleep(0)
+    assert refused.done() and refused.result() is None
+    assert not urgent.done() and q.depth == 26
+    await _serve_one(slots, done, clock, 0.1)
+    assert done[-1] == "retry"
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, urgent, return_exceptions=True)

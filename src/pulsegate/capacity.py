@@ -24,6 +24,13 @@ Beyond `ADMIT_MARGIN` of `within` the answer is None at once (a 503 with Retry-A
 Measured at 5x the fleet's capacity (`bench/overload.py`): before this, every refusal
 waited the full 2 s (`routing.queue_timeout`); only past `queue_max` (1,024) waiters was
 one refused at once.
+
+An `urgent` waiter is work the gateway already took on: a retry, or the continuation of a
+stream whose backend died (the client holds part of the answer). It goes ahead of every
+newcomer and is never refused for the expected wait, only by a full queue or its `within`:
+when two of three backends were SIGKILLed with the survivor at its `max_inflight`, the
+broken streams used to end with an error at once, and the retries could be refused behind
+a queue of newcomers (`chaos/fleet.py`, `two_lost`); newcomers get the 503 instead.
 """
 
 from __future__ import annotations
@@ -79,17 +86,25 @@ class CapacityQueue:
         within: float,
         pick: Callable[[], T | None],
         has_room: Callable[[], bool],
+        *,
+        urgent: bool = False,
     ) -> T | None:
         """Wait in `model`'s queue until `pick()` finds a backend, at most `within` seconds.
-        `has_room()` says whether another request for `model` would find one now. None: the
-        queue is full or the wait timed out."""
+        `has_room()` says whether another request for `model` would find one now. `urgent`:
+        already admitted (a retry, a stream's continuation): ahead of every newcomer, never
+        refused for the expected wait. None: the queue is full or the wait timed out."""
         if self.depth >= self.limit:
             return None
         now = self._now
         since = now()
         ahead = self._inside[model]
-        if ahead and self._expected_wait(model, ahead, since) > within * ADMIT_MARGIN:
+        if (
+            not urgent
+            and ahead
+            and self._expected_wait(model, ahead, since) > within * ADMIT_MARGIN
+        ):
             return None
+        place = URGENT if urgent else since  # the position in line
         loop = asyncio.get_running_loop()
         deadline = since + within
         q = self._queues.setdefault(model, collections.deque())
@@ -102,11 +117,11 @@ class CapacityQueue:
                 if left <= 0:
                     return None
                 fut: asyncio.Future[None] = loop.create_future()
-                if first:
-                    q.append((since, fut))
-                    first = False
+                if first and not urgent:
+                    q.append((place, fut))
                 else:
-                    _reinsert(q, (since, fut))  # keep our place in line
+                    _reinsert(q, (place, fut))  # keep our place in line (urgent: the head)
+                first = False
                 try:
                     async with asyncio.timeout(left):
                         await fut
@@ -152,6 +167,8 @@ class CapacityQueue:
         return ahead * max(interval, t - start)
 
 
+# An urgent waiter's place in line: before every newcomer (after the urgent ones already in).
+URGENT = float("-inf")
 # Weight of one served waiter in the interval's EWMA: ~10 waiters of memory.
 SERVED_ALPHA = 0.1
 # The expected wait is an estimate (slots free in bursts, streams end at random): a newcomer

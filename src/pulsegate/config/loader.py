@@ -179,10 +179,15 @@ def _backend(r: _Reader) -> BackendConfig:
         api_key_env=r.get("api_key_env", d.api_key_env, _env_name),
         max_inflight=r.get("max_inflight", d.max_inflight, _limit),
         resume=r.get("resume", d.resume, _choice("vllm", "none")),
+        exact_resume=r.get("exact_resume", d.exact_resume, _bool),
         max_n=r.get("max_n", d.max_n, _int(0, 128)),
         engine=engine,
         apis=r.get("apis", ENGINE_APIS[engine], _apis),
     )
+    if "exact_resume" in r.data and b.exact_resume and (engine, b.resume) != ("vllm", "vllm"):
+        r.error(
+            r.key("exact_resume"), "needs `engine: vllm` and `resume: vllm` (token ids are vLLM's)"
+        )
     r.finish()
     return b
 

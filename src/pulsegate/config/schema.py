@@ -48,6 +48,10 @@ class BackendConfig:
     max_inflight: int = 0
     # How a broken stream is continued on this engine: "vllm" (continue_final_message) or "none".
     resume: str = "vllm"
+    # On a vLLM engine (`engine: vllm`, `resume: vllm`): ask a resumable stream for its token
+    # ids and continue a break as those ids (`/v1/completions`), token for token what one
+    # engine would have produced; false: text replay only (docs/streams.md, "Exact resume").
+    exact_resume: bool = True
     # Most choices (`n`) the engine really answers; 0: no limit. transformers serve ignores
     # `n` and answers one choice: `max_n: 1` routes `n > 1` elsewhere (or refuses it, 400).
     max_n: int = 0

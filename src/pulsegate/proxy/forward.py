@@ -28,6 +28,7 @@ from pulsegate.proxy.affinity import (
 )
 from pulsegate.proxy.attempt import AttemptOpener, Failure
 from pulsegate.proxy.budget import RetryBudget
+from pulsegate.proxy.dialects.token_ids import first_body
 from pulsegate.proxy.errors import error_response
 from pulsegate.proxy.exchange import CLIENT_CLOSED, Door, Exchange, Recorder
 from pulsegate.proxy.hedge import Hedger
@@ -106,6 +107,7 @@ class Forwarder:
             resume_unable=resume_unable,
             stall_floor=s.stall_floor,
             stall_factor=s.stall_factor,
+            queue_timeout=config.routing.queue_timeout,
         )
         # `retry.hedge` (`hedge.py`): a stream's late first token asked of a second backend.
         h = r.hedge
@@ -198,8 +200,9 @@ class Forwarder:
                 # bounded queue rather than bury a survivor (R24, R25), retries included.
                 if state.queue.depth < state.queue.limit:
                     metrics.queued.inc()
+                # A retry was admitted already: it waits at the head of the line.
                 verdict = await state.wait_for_capacity(
-                    model, req.session_key, self.queue_timeout, skip
+                    model, req.session_key, self.queue_timeout, skip, urgent=bool(tried)
                 )
                 if verdict is None:
                     ex.error = "overloaded"
@@ -244,8 +247,9 @@ class Forwarder:
             if self.hedger is not None and req.stream:
                 opened = await self.hedger.open(target, req, ex)
             else:
+                body = first_body(req, target, self.streaming.resume)  # + return_token_ids
                 opened = await self.opener.open(
-                    target, req.path, req.body, req.stream, req.deadline, ex
+                    target, req.path, body, req.stream, req.deadline, ex
                 )
             if isinstance(opened, Failure):
                 at.end = now()

@@ -26,6 +26,7 @@ from pulsegate.proxy.cuts import MALFORMED, NO_DONE, Cut, CutKind, Evidence, fai
 from pulsegate.proxy.dialects import TYPED, Dialect, for_api
 from pulsegate.proxy.dialects.base import Continuation
 from pulsegate.proxy.dialects.chat import rewrite, track
+from pulsegate.proxy.dialects.token_ids import Ids
 from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.ports import Outcomes
@@ -66,6 +67,7 @@ class StreamSettings:
     # The stall rule's rhythm (`rhythm.py`): streaming.stall_floor, stall_factor (0: off).
     stall_floor: float = 0.15
     stall_factor: float = 4.0
+    queue_timeout: float = 2.0  # routing.queue_timeout: a continuation's wait for a slot
 
 
 class Relay:
@@ -106,6 +108,8 @@ class Relay:
         self.state = self.dialect.state
         self.stops = StopFilter(req.stops) if req.stops else None
         self.resumes = 0
+        self.ids: Ids | None = None  # a vLLM stream's token ids (`dialects/token_ids.py`)
+        self.exact: Ids | None = None  # ... when the continuation now goes on from them
         # A stalled stream with nowhere to continue waits at most until then.
         self.deadline = clock.now() + settings.request_timeout
 
@@ -113,6 +117,7 @@ class Relay:
         """Relay `opened` and any continuations. The caller acquired its backend; the relay
         releases every backend it used."""
         target, resp, first = opened.target, opened.resp, opened.first
+        self.ids = Ids.of(self.req, target, self.settings.resume)
         out = self._out = web.StreamResponse(status=resp.status, headers=headers)
         out.headers.update(_SSE_HEADERS)
         if self.proxy.shutting_down:
@@ -187,12 +192,17 @@ class Relay:
         last: Failure | None = None
         for _ in range(self.settings.max_attempts):
             target = self.continuation_target(self.tried)
+            if target is None:  # those left at their max_inflight: wait at the queue's head
+                target = await proxy.wait_for_continuation(
+                    self.req.model, self.tried, self.settings.queue_timeout,
+                    lambda: self.continuation_target(self.tried),
+                )  # fmt: skip
             if target is None:
                 break
             self.tried.append(target.name)
             at = self.ex.attempt(target.name, self.clock.now(), resume=True)
             proxy.acquire(target.name)
-            cont = await self._continuation(target)
+            cont = await _continuation(self, target)
             if cont is None:
                 proxy.release(target.name)
                 return None
@@ -239,24 +249,6 @@ class Relay:
         """Every requested token reached the client: only the ending was lost."""
         await self._out.write(self.dialect.finish())
         await self._out.write_eof()
-
-    async def _continuation(self, target: Target) -> Continuation | None:
-        """The request continuing this stream on `target`; None when every requested token
-        has already reached the client.
-
-        The tokens sent are counted on `target` (`POST /tokenize`, vLLM's) when it answers:
-        engines merge several tokens into one event when their API loop lags (vLLM: 200
-        tokens in 135-202 events, up to 19 in one), so the event count undercounts, and the
-        continuation would be asked for too many tokens (803 for `max_tokens` 800) and the
-        merged usage would be wrong. Without `/tokenize` the event count stands."""
-        state = self.state
-        counted = await self.opener.count_tokens(target, self.req.model, state.sent_text(0))
-        if counted is not None:
-            state.tokens = counted
-        if self._all_sent():
-            return None
-        state.tokens_before = state.tokens
-        return self.dialect.continuation(self.doc, target.resume)
 
     async def _pump(
         self,
@@ -341,11 +333,15 @@ class Relay:
             if not isinstance(obj, dict):
                 return MALFORMED
             if rewriting:
+                if self.exact is not None:  # completions chunks, in the client's framing
+                    obj = self.exact.to_client(obj, self.req.api)
                 b = rewrite(state, obj, self.include_usage)
                 if b is not None:
                     parts.append(b)
                 continue
             raw = ev.raw
+            if self.ids is not None:
+                raw = self.ids.take(obj, raw)  # ids noted; `null` unless the client asked
             if self.stops is not None:
                 filtered = self.stops.feed(obj)
                 if filtered is None:
@@ -367,6 +363,34 @@ class Relay:
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self._out.write(self.dialect.error(message))
             await self._out.write_eof()
+
+
+async def _continuation(relay: Relay, target: Target) -> Continuation | None:
+    """The request continuing `relay`'s stream on `target`; None when every requested token
+    has already reached the client.
+
+    As token ids where the stream has them and `target` takes them (`dialects/token_ids.py`:
+    the count is exact, no round trip). Else the text: the tokens sent are counted on
+    `target` (`POST /tokenize`, vLLM's) when it answers: engines merge several tokens into
+    one event when their API loop lags (vLLM: 200 tokens in 135-202 events, up to 19 in
+    one), so the event count undercounts, and the continuation would be asked for too many
+    tokens (803 for `max_tokens` 800) and the merged usage would be wrong. Without
+    `/tokenize` the event count stands."""
+    state = relay.state
+    ids = relay.exact = relay.ids
+    if ids is not None and ids.usable(target):
+        state.tokens = ids.sent()
+    else:
+        relay.ids = relay.exact = None  # text replay: the ids stop matching what is sent
+        counted = await relay.opener.count_tokens(target, relay.req.model, state.sent_text(0))
+        if counted is not None:
+            state.tokens = counted
+    if relay._all_sent():
+        return None
+    state.tokens_before = state.tokens
+    if relay.exact is not None:
+        return relay.exact.continuation(relay.doc, relay.req.api, state)
+    return relay.dialect.continuation(relay.doc, target.resume)
 
 
 def _watchdog(relay: Relay, name: str, resp: UpstreamResponse) -> Watchdog:

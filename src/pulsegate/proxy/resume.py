@@ -9,6 +9,9 @@ asks another backend to continue: the prompt (completions) or an assistant messa
 the tokens already sent (counted by the continuation target's tokenizer when it has
 `/tokenize`, else one per event), and the new events are rewritten to the first stream's id,
 created and model, minus the role preamble. The client sees one stream, one `[DONE]`.
+Between vLLM backends a chat or completions stream goes on from the token ids it generated
+instead (`dialects/token_ids.py`: exact where a text has several tokenizations), text replay
+being the fallback.
 
 What is never resumed - `n > 1`, a tool call in flight, constrained decoding - ends with a
 terminal error event in OpenAI's shape: never a silent truncation.

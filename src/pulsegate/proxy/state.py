@@ -3,6 +3,7 @@
 - in-flight counts per backend (`inflight`: this process's; `load`: what routing reads, the
   same dict in one process, the gateway-wide totals in a proxy worker);
 - the capacity queue: when every candidate is at its limit, wait, then 503 (R24, R25);
+  retries and broken streams' continuations wait at its head (`wait_for_continuation`);
 - the live streams and the attempts waiting for a first byte, per backend, so an ejection
   cuts them at once (R21) and a shutdown past its grace ends the streams still open;
 - the first-byte watch (`firstbyte.py`) and the drain on shutdown.
@@ -14,7 +15,8 @@ Nothing here judges a backend: verdicts come through the `Router`, outcomes leav
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import TypeVar
 
 from pulsegate import stall
 from pulsegate.capacity import CapacityQueue
@@ -24,6 +26,8 @@ from pulsegate.proxy.cuts import SHUTTING_DOWN, Cut
 from pulsegate.proxy.firstbyte import WATCH_INTERVAL_S, FirstByteWatch
 from pulsegate.proxy.ports import Outcomes, Router, Verdicts
 from pulsegate.proxy.watchdog import EJECTED_STALL_S, Watchdog
+
+T = TypeVar("T")
 
 
 class ProxyState:
@@ -110,10 +114,17 @@ class ProxyState:
         return self.queue.ahead(model)
 
     async def wait_for_capacity(
-        self, model: str, session_key: str | None, within: float, tried: Sequence[str] = ()
+        self,
+        model: str,
+        session_key: str | None,
+        within: float,
+        tried: Sequence[str] = (),
+        *,
+        urgent: bool = False,
     ) -> Verdict | None:
         """Wait in `model`'s FIFO (bounded by routing.queue_max) until a backend for it has
-        room, at most `within` seconds. None: the queue is full or the wait timed out."""
+        room, at most `within` seconds; `urgent` (a retry): at the head of the line. None:
+        the queue is full or the wait timed out."""
         if self.queue.depth >= self.queue.limit:
             return None
         pick = self.router.pick
@@ -122,6 +133,22 @@ class ProxyState:
             within,
             lambda: pick(model, tried, session_key),
             lambda: pick(model, (), None) is not None,
+            urgent=urgent,
+        )
+
+    async def wait_for_continuation(
+        self, model: str, tried: Sequence[str], within: float, pick: Callable[[], T | None]
+    ) -> T | None:
+        """A broken stream found no backend to continue on: when those not yet tried are
+        only at their `max_inflight`, wait for a slot at the head of `model`'s queue (the
+        client already holds part of the answer: it goes before every newcomer), at most
+        `within`; `pick` is the relay's own choice of target. None at once when no backend
+        is left at all (nothing would free a slot in time)."""
+        if not self.router.saturated(model, tried):
+            return None
+        router = self.router
+        return await self.queue.wait(
+            model, within, pick, lambda: router.pick(model, (), None) is not None, urgent=True
         )
 
     # -- live streams and pending attempts: cut at once when their backend is ejected (R21) -

@@ -19,6 +19,9 @@ class Target:
     # traceback that shows a Target shows the key.
     headers: dict[str, str] = field(repr=False)
     resume: str = "vllm"
+    # vLLM with `exact_resume`: streams ask for token ids, a break continues as those ids
+    # (`dialects/token_ids.py`); the same flag on both ends means the same engine kind.
+    token_ids: bool = False
 
 
 def target(b: BackendConfig) -> Target:
@@ -29,4 +32,5 @@ def target(b: BackendConfig) -> Target:
             headers["authorization"] = f"Bearer {key}"
         else:
             log.warning("backend %s: environment variable %s is not set", b.name, b.api_key_env)
-    return Target(b.name, b.url, headers, b.resume)
+    ids = b.exact_resume and b.engine == "vllm" and b.resume == "vllm" and "completions" in b.apis
+    return Target(b.name, b.url, headers, b.resume, ids)

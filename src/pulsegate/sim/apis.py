@@ -5,9 +5,10 @@ Answers are pure functions of the request (`embed`, `rerank_doc`, `score_doc`,
 `tokenize_doc`, `detokenize_doc`): the same text gives the same vector in every sim process
 (CRC-32 keyed, like `text.py`), and texts sharing words point the same way, so a rerank
 ranks a document that repeats the query's words first. Tokens are the sim's words: a
-vocabulary word is its index + 1 (`detokenize` inverts those), any other word a stable id
-from 1000 up; `tokenize` counts exactly the tokens the sim generates, so a resume's
-`/tokenize` count is exact against a sim as against vLLM.
+vocabulary word is its index + 1 (`detokenize` inverts those), any other word 1000 + its
+CRC-32 (`text.token_id`: the ids the generation endpoints stream for `return_token_ids`);
+`tokenize` counts exactly the tokens the sim generates, so a resume's `/tokenize` count is
+exact against a sim as against vLLM.
 
 Faults apply as on the generation endpoints. Embeddings, rerank and score are inference
 (`engine.arrive`, a batch slot, a prefill of one TTFT x `slow`): `hang`, `cuda_hang` and a
@@ -40,13 +41,11 @@ from aiohttp import web
 from pulsegate.sim import faults as F
 from pulsegate.sim.engine import Engine, Seq
 from pulsegate.sim.sink import abort_connection, error_response, json_response
-from pulsegate.sim.text import VOCAB
+from pulsegate.sim.text import VOCAB, token_id
 
 DIMS = 64  # embedding width: small enough to read, enough for cosine to mean something
 MAX_MODEL_LEN = 8192
-_FIRST_OOV_ID = 1000
 _MASK = (1 << 64) - 1
-_IDS = {w: i + 1 for i, w in enumerate(VOCAB)}
 _POOLING = ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score")
 _TOKENIZER = ("/tokenize", "/detokenize")
 PATHS = _POOLING + _TOKENIZER
@@ -70,11 +69,6 @@ class BadRequest(Exception):
 
 def words(text: str) -> list[str]:
     return text.split()
-
-
-def token_id(word: str) -> int:
-    i = _IDS.get(word)
-    return i if i is not None else _FIRST_OOV_ID + zlib.crc32(word.encode()) % 100_000
 
 
 def token_word(tid: int) -> str:

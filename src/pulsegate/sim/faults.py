@@ -30,6 +30,7 @@ class Mode(enum.StrEnum):
     HANG = "hang"  # every engine endpoint accepts and never answers
     STALL = "stall"  # streams stop after `after_tokens` tokens; non-stream requests hang
     SLOW = "slow"  # TTFT and ITL x `factor`
+    LATE_FIRST = "late_first"  # the first token `seconds` late, the rest on time (slow prefill)
     OOM = "oom"  # free VRAM 0 in metrics; inference fails 500 "CUDA out of memory"
     WARMING = "warming"  # not ready for `seconds`: /health 503, no models, inference 503
     BLACKHOLE = "blackhole"  # requests with Content-Length > `over_bytes` are never read
@@ -127,6 +128,7 @@ _PARAMS: dict[Mode, dict[str, tuple[Callable[[str, object], Any], Any]]] = {
     Mode.HANG: {},
     Mode.STALL: {"after_tokens": (_count(0, 1_000_000), 20)},
     Mode.SLOW: {"factor": (_number(1.0, 1000.0), 5.0)},
+    Mode.LATE_FIRST: {"seconds": (_number(0.0, 3600.0, lo_open=True), 1.5)},
     Mode.OOM: {},
     Mode.WARMING: {"seconds": (_number(0.0, 86_400.0, lo_open=True), 5.0)},
     Mode.BLACKHOLE: {"over_bytes": (_count(0, 1 << 40), 1024)},
@@ -289,6 +291,12 @@ def on_token(fault: Fault, index: int, *, stream: bool) -> Action:
 def slowdown(fault: Fault) -> float:
     """Multiplier on TTFT and ITL."""
     return fault.factor if fault.mode is Mode.SLOW else 1.0
+
+
+def first_token_delay(fault: Fault) -> float:
+    """Seconds added to the time to first token (`late_first`: a prefill that runs late, as
+    on an engine with a cold cache or a queue in front of its GPU; decoding keeps its pace)."""
+    return fault.seconds if fault.mode is Mode.LATE_FIRST else 0.0
 
 
 def gpu_reading(fault: Fault, **load: Any) -> GpuReading:

@@ -78,14 +78,14 @@ def _head(stream: bool, framing: bytes, extra: bytes = b"") -> bytes:
 
 def _events(framer: Framer, req: GenRequest, seed: int, n: int) -> bytes:
     """The first ``n`` token events of the healthy answer (never its last: no end)."""
-    gen = TokenGen(req.context, seed if req.seed is None else req.seed)
+    gen = TokenGen(req.context, seed if req.seed is None else req.seed, req.keys)
     n = max(0, min(n, req.max_tokens - 1))
     return framer.first() + b"".join(framer.token(gen.next()) for _ in range(n))
 
 
 def _whole(framer: Framer, req: GenRequest, seed: int) -> bytes:
     """The complete healthy answer: the whole SSE stream, or the JSON object."""
-    gen = TokenGen(req.context, seed if req.seed is None else req.seed)
+    gen = TokenGen(req.context, seed if req.seed is None else req.seed, req.keys)
     texts = [gen.next() for _ in range(req.max_tokens)]
     if not req.stream:
         return framer.whole("".join(texts), "length", req.prompt_tokens, req.max_tokens)

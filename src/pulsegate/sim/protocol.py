@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import orjson
 
-from pulsegate.sim.text import count_words
+from pulsegate.sim.text import count_words, ids_tail_keys, piece_id, text_ids
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions; the sim uses it for chat too
 DONE = b"data: [DONE]\n\n"
@@ -49,6 +49,11 @@ class GenRequest:
     stream: bool
     include_usage: bool
     seed: int | None
+    # vLLM's `return_token_ids` (None: not asked): the prompt's ids, streamed on the first
+    # chunk, and each token's.
+    prompt_ids: tuple[int, ...] | None = None
+    # A prompt of token ids: the generator's state (`text.ids_tail_keys`), not `context`.
+    keys: tuple[int, int] | None = None
 
 
 def _bad(message: str) -> RequestError:
@@ -138,6 +143,16 @@ def chat_prompt(turns: list[tuple[str, str]], cont: bool, add_gen: bool) -> tupl
     return context, rendered
 
 
+def chat_prompt_ids(texts: list[str], cont: bool) -> tuple[int, ...]:
+    """The token ids of a conversation's prompt, as `return_token_ids` streams them: the
+    words of every turn, with two padding ids (0) before the turns generation continues
+    (`chat_prompt`'s context), so the last two ids of prompt + generated ids are always the
+    generator's state: a completions request of those ids continues the answer exactly."""
+    split = max(0, len(texts) - (2 if cont else 1))
+    before = [i for t in texts[:split] for i in text_ids(t)]
+    return (*before, 0, 0, *(i for t in texts[split:] for i in text_ids(t)))
+
+
 def parse_chat(raw: bytes) -> GenRequest:
     """Parse a /v1/chat/completions body; honours vLLM's ``continue_final_message``."""
     body = _load(raw)
@@ -159,6 +174,7 @@ def parse_chat(raw: bytes) -> GenRequest:
     if cont and roles[-1] != "assistant":
         raise _bad("`continue_final_message` needs the last message to be 'assistant'")
     context, rendered = chat_prompt(list(zip(roles, texts, strict=True)), cont, add_gen)
+    ids = _opt_bool(body, "return_token_ids", False)
     return GenRequest(
         kind="chat",
         model=model,
@@ -169,14 +185,32 @@ def parse_chat(raw: bytes) -> GenRequest:
         stream=stream,
         include_usage=include_usage,
         seed=seed,
+        prompt_ids=chat_prompt_ids(texts, cont) if ids else None,
     )
 
 
 def parse_completion(raw: bytes) -> GenRequest:
-    """Parse a /v1/completions body. A list prompt is read as one prompt, items space-joined
-    (vLLM would batch them; the sim serves one choice)."""
+    """Parse a /v1/completions body. A list of token ids is the prompt's tokens (vLLM's
+    spelling; the padding id 0 is not counted); any other list is read as one prompt,
+    items space-joined (vLLM would batch them; the sim serves one choice)."""
     body = _load(raw)
     prompt = body.get("prompt")
+    ids = _opt_bool(body, "return_token_ids", False)
+    if isinstance(prompt, list) and prompt and _all_ids(prompt):
+        model, max_tokens, stream, include_usage, seed = _common(body)
+        return GenRequest(
+            kind="completion",
+            model=model,
+            context="",
+            rendered=" ".join(map(str, prompt[:64])),
+            prompt_tokens=sum(1 for t in prompt if t),
+            max_tokens=max_tokens,
+            stream=stream,
+            include_usage=include_usage,
+            seed=seed,
+            prompt_ids=tuple(prompt) if ids else None,
+            keys=ids_tail_keys(prompt),
+        )
     if isinstance(prompt, list) and prompt:
         if not all(isinstance(p, str | int) and not isinstance(p, bool) for p in prompt):
             raise _bad("'prompt' list must hold strings or token ids")
@@ -194,7 +228,12 @@ def parse_completion(raw: bytes) -> GenRequest:
         stream=stream,
         include_usage=include_usage,
         seed=seed,
+        prompt_ids=tuple(text_ids(prompt)) if ids else None,
     )
+
+
+def _all_ids(prompt: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -208,9 +247,23 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 class Framer:
     """Builds one response's bytes: SSE chunks or the whole JSON object."""
 
-    __slots__ = ("_created", "_head", "_id", "_kind", "_model", "_tok_head", "_tok_tail")
+    __slots__ = (
+        "_created",
+        "_head",
+        "_id",
+        "_kind",
+        "_model",
+        "_prompt_ids",
+        "_tok_head",
+        "_tok_tail",
+    )
 
-    def __init__(self, kind: Kind, model: str, created: int) -> None:
+    def __init__(
+        self, kind: Kind, model: str, created: int, prompt_ids: tuple[int, ...] | None = None
+    ) -> None:
+        """`prompt_ids`: the request asked for `return_token_ids` (None: it did not); the
+        chunks then carry them as vLLM 0.32 does (read in its `serving.py`)."""
+        self._prompt_ids = prompt_ids
         self._kind = kind
         self._model = model
         self._created = created
@@ -227,10 +280,13 @@ class Framer:
         """The role chunk a chat stream opens with; nothing for completions."""
         if self._kind != "chat":
             return b""
-        return self._head + (
+        role = (
             b',"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-            b'"logprobs":null,"finish_reason":null}]}\n\n'
+            b'"logprobs":null,"finish_reason":null}]'
         )
+        if self._prompt_ids is not None:  # vLLM: the prompt's ids once, on this chunk
+            role += b',"prompt_token_ids":' + orjson.dumps(self._prompt_ids)
+        return self._head + role + b"}\n\n"
 
     def token(self, text: str, finish_reason: str | None = None) -> bytes:
         """One token's chunk; the last one carries ``finish_reason`` as vLLM's does."""
@@ -241,7 +297,19 @@ class Framer:
         else:
             end = b',"logprobs":null,"finish_reason":"' + finish_reason.encode() + b'"'
             end += b',"stop_reason":null'
+        if self._prompt_ids is not None:
+            end += self._ids(text)
         return self._tok_head + orjson.dumps(text) + self._tok_tail + end + b"}]}\n\n"
+
+    def _ids(self, text: str) -> bytes:
+        """A token chunk's ids as vLLM puts them last on the choice (completions: the
+        prompt's on the first token's chunk, null after)."""
+        tid = b'"token_ids":[%d]' % piece_id(text)
+        if self._kind == "chat":
+            return b"," + tid
+        prompt, self._prompt_ids = self._prompt_ids, ()
+        head = b"null" if not prompt else orjson.dumps(prompt)
+        return b',"prompt_token_ids":' + head + b"," + tid
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         """The separate usage chunk (``choices: []``) sent when include_usage is asked."""

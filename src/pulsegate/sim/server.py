@@ -278,7 +278,7 @@ class Sim:
         if make_sink is not None:
             sink = make_sink(req, created)
         else:
-            sink = TokenSink(Framer(req.kind, self.opts.model, created))
+            sink = TokenSink(Framer(req.kind, self.opts.model, created, req.prompt_ids))
         if stream:
             await sink.start(request)
         try:
@@ -313,11 +313,11 @@ class Sim:
         Deadlines are absolute (``due``) so per-token overhead does not add up: 500 tokens at
         10 ms take 5 s, not 5 s + 500 x loop latency.
         """
-        gen = TokenGen(req.context, self.opts.seed if req.seed is None else req.seed)
+        gen = TokenGen(req.context, self.opts.seed if req.seed is None else req.seed, req.keys)
         n, stream = req.max_tokens, req.stream
         now = self._now()
         fault = self.faults.current(now)
-        due = now + self._ttft_s * ttft_mult * F.slowdown(fault)
+        due = now + self._ttft_s * ttft_mult * F.slowdown(fault) + F.first_token_delay(fault)
         if fault.mode is F.Mode.NONE and due <= now and self._itl_s == 0 and n <= _YIELD_EVERY:
             # Zero-delay fleet (benchmarks): nothing can wait or fail, so skip the per-token
             # fault checks and clock reads; ~3x less CPU per 16-token request.

@@ -11,6 +11,12 @@ Tokens are vocabulary words with a leading space (" alpha"), so concatenating to
 prompt never glues two words together, and splitting on whitespace recovers the words.
 Hashing uses CRC-32 and a 64-bit mixer, never Python's per-process salted ``hash``, so two
 sim processes (two "backends") produce the same text for the same request.
+
+Token ids (`token_id`): a vocabulary word is its index + 1, any other word 1000 + its key, so
+an id gives back the key the generator needs (`id_key`) and a prompt of ids (vLLM's
+`return_token_ids`, a completions `prompt` list) continues exactly as its text would; id 0 is
+the "no word" padding, which a chat prompt's ids use as the boundary of what generation
+continues (`protocol.chat_prompt_ids`).
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ def word_key(word: str) -> int:
 
 _VOCAB_KEYS: tuple[int, ...] = tuple(word_key(w) for w in VOCAB)
 _PAD = 0  # key standing in for "no word" when the context has fewer than two words
+_IDS = {w: i + 1 for i, w in enumerate(VOCAB)}
+FIRST_OOV_ID = 1000  # ids of words outside the vocabulary: 1000 + the word's key
 
 
 def _mix(a: int, b: int, seed: int) -> int:
@@ -79,13 +87,39 @@ def tail_keys(text: str) -> tuple[int, int]:
     return _PAD, _PAD
 
 
+def token_id(word: str) -> int:
+    """A word's token id: its vocabulary index + 1, else 1000 + its key (lossless)."""
+    i = _IDS.get(word)
+    return i if i is not None else FIRST_OOV_ID + word_key(word)
+
+
+def text_ids(text: str) -> list[int]:
+    """The token ids of ``text``'s words."""
+    return [token_id(w) for w in text.split()]
+
+
+def id_key(tid: int) -> int:
+    """The word key of token id ``tid`` (0, and anything unknown, is the padding)."""
+    if 1 <= tid <= len(VOCAB):
+        return _VOCAB_KEYS[tid - 1]
+    return tid - FIRST_OOV_ID if tid >= FIRST_OOV_ID else _PAD
+
+
+def ids_tail_keys(ids: list[int]) -> tuple[int, int]:
+    """`tail_keys` of a prompt given as token ids: the keys of its last two ids."""
+    a = id_key(ids[-2]) if len(ids) >= 2 else _PAD
+    b = id_key(ids[-1]) if ids else _PAD
+    return a, b
+
+
 class TokenGen:
-    """Stateful producer of the continuation of one context; state is two word keys."""
+    """Stateful producer of the continuation of one context; state is two word keys
+    (``keys``: given as such, for a prompt of token ids)."""
 
     __slots__ = ("_a", "_b", "_seed")
 
-    def __init__(self, context: str, seed: int) -> None:
-        self._a, self._b = tail_keys(context)
+    def __init__(self, context: str, seed: int, keys: tuple[int, int] | None = None) -> None:
+        self._a, self._b = tail_keys(context) if keys is None else keys
         self._seed = seed & _MASK
 
     def next(self) -> str:
@@ -93,6 +127,11 @@ class TokenGen:
         i = _mix(self._a, self._b, self._seed) % len(_TOKENS)
         self._a, self._b = self._b, _VOCAB_KEYS[i]
         return _TOKENS[i]
+
+
+def piece_id(piece: str) -> int:
+    """The id of one generated token's text (``" alpha"`` -> 1)."""
+    return token_id(piece[1:])
 
 
 def generate(context: str, seed: int, n: int) -> list[str]:
