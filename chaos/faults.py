@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from chaos import netlab
 from chaos.lab import Lab
@@ -24,6 +25,20 @@ HARD_HOLD_S = 17.0
 DELAY_MS, JITTER_MS = 60, 20  # per direction: RTT 120 +- 40 ms across the router
 LOSS = 0.25
 BIG_BYTES = 1000
+LATE_S = 1.5  # issue 21: one backend's first token 1.5 s late
+# A warm fleet before the faults judged against it. Late first token: the hedge counts a
+# backend's TTFT p95 once it has 20 first tokens, and the row's "healthy fleet p99" comes
+# from the warm-up's second half (6 s, ~150 streams). Slow: the rule compares with the
+# peers' smoothed probe latency, which takes ~30 s to come down from its start-up values
+# (docs/slow-node.md: 10.2 s to `degraded` after a 5 s warm-up, 4.2-4.7 s after 30 s).
+LATE_PRE_S = 12.0
+SLOW_PRE_S = 30.0
+# Answers of 100 tokens (0.5-1 s) for the stall: the streams the node carries when it stalls
+# (mid-way, their own rhythm known) and those it starts before it is avoided (stalled after
+# their 4th token, judged by the backend's rhythm): about 10 per run instead of 1-2.
+STALL_TOKENS = 100
+# `retry.hedge` is off by default; the late-first-token row is about what it does.
+HEDGE_ON: dict[str, Any] = {"retry": {"hedge": {"enabled": True}}}
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,13 @@ class Fault:
     # What /health says during the fault (the network faults leave it green for small GETs).
     notes: str = ""
     tags: frozenset[str] = field(default_factory=frozenset)
+    # Seconds of load before the fault, when longer than the lab's usual 2 s (`Settings.pre`).
+    pre: float = 0.0
+    # Gateway config merged over the lab's, in every mode (the modes must stay comparable).
+    gateway: dict[str, Any] = field(default_factory=dict)
+    # Tokens per client request (the load's usual 16 answer in 80-160 ms: too short for a
+    # stall to find more than one or two streams on the node mid-way).
+    max_tokens: int = 16
 
 
 # -- network ----------------------------------------------------------------------------------
@@ -172,11 +194,23 @@ FAULTS: tuple[Fault, ...] = (
           _sim("cuda_hang"), _NONE),
     Fault("oom", "engine", "OOM: VRAM 0 free, inference 500", _sim("oom"), _NONE),
     Fault("slow", "engine", "engine 5x slower (TTFT and ITL)", _sim("slow", factor=5.0), _NONE,
-          tags=frozenset({"subhealthy"})),
-    Fault("stall", "engine", "streams stall after 4 tokens", _sim("stall", after_tokens=4),
-          _NONE, tags=frozenset({"midstream"})),
+          tags=frozenset({"subhealthy"}), pre=SLOW_PRE_S),
+    Fault("late_first", "engine", f"first token {LATE_S:g} s late, then on time (retry.hedge on)",
+          _sim("late_first", seconds=LATE_S), _NONE, tags=frozenset({"subhealthy"}),
+          pre=LATE_PRE_S, gateway=HEDGE_ON),
+    Fault("stall", "engine", f"streams stall after 4 tokens ({STALL_TOKENS}-token answers)",
+          _sim("stall", after_tokens=4), _NONE, tags=frozenset({"midstream"}),
+          max_tokens=STALL_TOKENS),
     Fault("warming", "engine", "engine restarts warming (/health 503, inference 503)",
           _sim("warming", seconds=HOLD_S), _NONE),
+    # gray GPU faults (docs/gpu-faults.md): only the sim's DCGM gauges change, which the agent
+    # (`--gpu engine`: the engine's /metrics) reads; /health and inference stay fine
+    Fault("xid", "engine", "GPU Xid 79 (fallen off the bus), all else green",
+          _sim("xid", code=79), _NONE, tags=frozenset({"gpu"})),
+    Fault("ecc", "engine", "GPU double-bit ECC error and a row remap pending",
+          _sim("ecc"), _NONE, tags=frozenset({"gpu"})),
+    Fault("throttle", "engine", "GPU clocks throttled (thermal), all else green",
+          _sim("throttle", reason="thermal"), _NONE, tags=frozenset({"gpu"})),
 )  # fmt: skip
 
 BY_KEY = {f.key: f for f in FAULTS}

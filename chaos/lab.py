@@ -30,17 +30,20 @@ MODEL = "demo-7b"
 # The lab's gateway settings. Detection runs on the defaults (heartbeat 100 ms / 80 ms / 3
 # misses, canary every 2 s with a 350 ms timeout, micro-inference every 3-5 s, readiness
 # every 10 s / 2 s when unstable, 5 s ejection base). Only the way back is shortened, so that
-# 18 faults x 4 modes fit in half an hour: probation 10 s in 10% steps instead of 60 s in 1%.
+# 22 faults x 4 modes fit in ~35 min: probation 10 s in 10% steps instead of 60 s in 1%.
 LAB_HEALTH: dict[str, Any] = {"probation": {"duration": "10s", "ramp_step": 0.1}}
 # The "traditional" baseline polls /health every 5 s (3 failures eject, gateway.mode polling).
 POLLING_PROBES: dict[str, Any] = {"readiness": {"interval": "5s", "timeout": "1s"}}
 
 
 def gateway_config(
-    nodes: list[netlab.Node], mode: str, health: dict[str, Any] | None = None
+    nodes: list[netlab.Node],
+    mode: str,
+    health: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The gateway's config for `mode`: identical for every mode apart from the mode itself
-    and, for polling, the poll interval."""
+    and, for polling, the poll interval. `extra` (a fault's `gateway`) is merged over it."""
     cfg: dict[str, Any] = {
         "gateway": {"mode": mode},
         "backends": [
@@ -57,7 +60,15 @@ def gateway_config(
     }
     if mode == "polling":
         cfg["probes"] = POLLING_PROBES
-    return cfg
+    return _merged(cfg, extra or {})
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into a copy of `base`, mapping by mapping."""
+    out = {**base}
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 class Lab:
@@ -210,9 +221,15 @@ class Lab:
 
     # -- gateways -------------------------------------------------------------------------
 
-    def start_gateway(self, mode: str, tag: str, health: dict[str, Any] | None = None) -> Gateway:
+    def start_gateway(
+        self,
+        mode: str,
+        tag: str,
+        health: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Gateway:
         self.stop_gateway()
-        cfg = gateway_config(self.nodes, mode, health)
+        cfg = gateway_config(self.nodes, mode, health, extra)
         self.gateway = Gateway(self.logdir, cfg, tag)
         return self.gateway
 

@@ -14,6 +14,16 @@ load client's timestamps and the wire tap's agree):
 - p99: client latency (send -> complete answer or error) of the requests of the fault window.
 - back to full weight: lift -> the backend is `ready` again at ramp 1.0 (pulsegate) or
   weight 1 (baselines); None when it never got there within the observation window.
+- degraded: fault start -> the faulty backend's first transition to `degraded` (still
+  routable: a slow or throttled node), with its cause.
+- stall pause: the longest silence (time to the first chunk, or the longest pause between
+  two chunks, whichever is longer) of each stream that the faulty backend started (its
+  `x-pulsegate-backend`: the headers leave before any continuation) and that was still
+  running at the fault's start (ended after it, sent before the lift): the streams a
+  mid-stream fault hit. p50 and max over them.
+- TTFT: streamed requests only (the client's first body chunk). The healthy fleet's p99 is
+  that of the streams sent in the second half of the load before the fault (the first half
+  is the gateway's start-up); "during" is over the fault window.
 """
 
 from __future__ import annotations
@@ -123,6 +133,7 @@ def summarize(
             and not str(e.get("backend", "")).startswith("model:")
         }
     )
+    deg = reached(mine, "degraded", t_fault, t_lift)
     return {
         "detected": det is not None,
         "detection_s": round(det["ts"] - t_fault, 3) if det else None,
@@ -154,7 +165,66 @@ def summarize(
         "errors_after_lift": sum(1 for r in after if not r.ok),
         "requests_after_lift": len(after),
         "other_backends_ejected": others,
+        "degraded_s": round(deg["ts"] - t_fault, 3) if deg else None,
+        "degraded_cause": deg.get("cause") if deg else None,
+        **stall_pauses(results, backend, t_fault, t_lift),
+        **ttfts(results, t_fault, t_lift),
     }
+
+
+def reached(
+    events: Sequence[dict[str, Any]], state: str, t_fault: float, t_end: float
+) -> dict[str, Any] | None:
+    """The backend's first transition to `state` within [t_fault, t_end) (events of one)."""
+    for e in events:
+        if t_fault <= e["ts"] < t_end and e["to"] == state and e["from"] != state:
+            return e
+    return None
+
+
+def stall_pauses(
+    results: Sequence[Result], backend: str, t_fault: float, t_lift: float
+) -> dict[str, Any]:
+    """The longest silence of each stream the faulty backend started and the fault caught
+    running, p50 and max. The time to the first chunk counts: a stream that waits 5 s for its
+    first token on a node whose slots are all held by stalled requests paused 5 s. (The
+    fault command can take a few hundred ms on a loaded box, so its return is no bound: a
+    stream can be stalled and resumed before it.)"""
+    gaps = [
+        max(r.ttft, r.max_gap)
+        for r in results
+        if r.stream and r.backend == backend and r.t1 > t_fault and r.t0 < t_lift
+        if r.ttft is not None and r.max_gap is not None
+    ]
+    return {
+        "stalled_streams": len(gaps),
+        "stall_pause_p50_s": _r(percentile(gaps, 50)),
+        "stall_pause_max_s": _r(max(gaps) if gaps else None),
+    }
+
+
+def ttfts(results: Sequence[Result], t_fault: float, t_lift: float) -> dict[str, Any]:
+    """Streams' time to first chunk: the healthy fleet's (late warm-up) against the fault's."""
+    t_start = min((r.t0 for r in results), default=t_fault)
+    warm = (t_start + t_fault) / 2
+    streams = [(r.t0, r.ttft) for r in results if r.stream and r.ttft is not None]
+    healthy = [x for t, x in streams if warm <= t < t_fault]
+    during = [x for t, x in streams if t_fault <= t < t_lift]
+    return {
+        "healthy_streams": len(healthy),
+        "healthy_ttft_p50_s": _r(percentile(healthy, 50)),
+        "healthy_ttft_p99_s": _r(percentile(healthy, 99)),
+        "ttft_p50_s": _r(percentile(during, 50)),
+        "ttft_p99_s": _r(percentile(during, 99)),
+    }
+
+
+def hedges_sent(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """`pulsegate_hedges_total` by outcome, between two scrapes; `sent` adds up the hedges
+    that went out (won, lost or failed; `no_budget` and `no_backend` sent nothing)."""
+    out = {k: int(after.get(k, 0) - before.get(k, 0)) for k in after}
+    out["sent"] = sum(out.get(k, 0) for k in ("hedge_won", "primary_won", "hedge_failed"))
+    return out
 
 
 def timeline(

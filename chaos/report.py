@@ -36,6 +36,9 @@ def _det(r: dict[str, Any] | None, with_cause: bool = True) -> str:
     if r is None or not r.get("ok"):
         return "run failed" if r is not None else "-"
     if not r.get("detected"):
+        if r.get("degraded_s") is not None:  # still routable, but judged: a slow node
+            out = f"degraded {_ms(r['degraded_s'])}"
+            return f"{out} ({r['degraded_cause']})" if with_cause else out
         return "never"
     out = _ms(r["detection_s"])
     return f"{out} ({r['detection_cause']})" if with_cause and r.get("detection_cause") else out
@@ -57,21 +60,60 @@ def _find(runs: Iterable[dict[str, Any]], fault: str, mode: str) -> dict[str, An
     return None
 
 
+def _run_line(meta: dict[str, Any]) -> str:
+    load, itl = meta.get("loadavg_start"), meta.get("itl_ms")
+    return (
+        f"{meta['started']} at git `{meta['git']}`, kernel {meta['kernel']}, "
+        f"{meta['cpus']} CPUs{f', load average {load[0]:.1f}' if load else ''}, "
+        f"{meta['backends']} simulated engines with agents"
+        f"{f' ({itl:g} ms between tokens)' if itl else ''}, "
+        f"{meta['rate_rps']:g} client requests/s (half streamed, half with 3-5 KB prompts), "
+        f"client timeout {meta['client_timeout_s']:g} s, took {meta['duration_s'] / 60:.1f} min"
+        f"{' (--quick)' if meta.get('quick') else ''}"
+    )
+
+
+def _loaded(sources: list[dict[str, Any]]) -> list[str]:
+    """A warning for the runs made on a busy box (load average over twice the CPUs)."""
+    busy = [str(i + 1) for i, m in enumerate(sources)
+            if (m.get("loadavg_start") or [0])[0] > 2 * (m.get("cpus") or 1)]  # fmt: skip
+    if not busy:
+        return []
+    return [
+        f"Run{'s' if len(busy) > 1 else ''} {', '.join(busy)} shared the box with other work "
+        "(load average over twice the CPUs at the start): their timings are noisier than a "
+        "quiet box's.",
+        "",
+    ]
+
+
+def _labels(doc: dict[str, Any]) -> dict[str, str]:
+    """Each source run's `started` -> its number in the header (merged results only)."""
+    sources = doc["meta"].get("sources") or []
+    return {m["started"]: str(i + 1) for i, m in enumerate(sources)} if len(sources) > 1 else {}
+
+
 def markdown(doc: dict[str, Any]) -> str:
     meta, runs = doc["meta"], doc["runs"]
     modes = [m for m in meta["modes"]]
     faults = list(meta["faults"])
-    lines = [
-        "# Chaos lab results",
-        "",
-        f"Run {meta['started']} at git `{meta['git']}`, kernel {meta['kernel']}, "
-        f"{meta['cpus']} CPUs, {meta['backends']} simulated engines with agents, "
-        f"{meta['rate_rps']:g} client requests/s (half streamed, half with 3-5 KB prompts), "
-        f"client timeout {meta['client_timeout_s']:g} s, took {meta['duration_s'] / 60:.1f} min"
-        f"{' (--quick)' if meta.get('quick') else ''}. "
-        "Method and definitions: [chaos.md](chaos.md). Every figure: chaos-results.json.",
-        "",
-    ]
+    labels = _labels(doc)
+    if labels:
+        head = [
+            f"Merged from {len(labels)} runs of `chaos.run` (the run column names each row's; "
+            "a fault rerun replaces its older figures):",
+            "",
+            *(f"{i + 1}. {_run_line(m)}." for i, m in enumerate(meta["sources"])),
+            "",
+            *_loaded(meta["sources"]),
+            "Method and definitions: [chaos.md](chaos.md). Every figure: chaos-results.json.",
+        ]
+    else:
+        head = [
+            f"Run {_run_line(meta)}. "
+            "Method and definitions: [chaos.md](chaos.md). Every figure: chaos-results.json."
+        ]
+    lines = ["# Chaos lab results", "", *head, ""]
     lines += _headline(runs, modes)
     lines += [
         "",
@@ -83,29 +125,32 @@ def markdown(doc: dict[str, Any]) -> str:
     ]
     if "pulsegate" in modes:
         lines += ["", "## Per fault: pulsegate", ""]
+        run_col = (" run |", " --- |") if labels else ("", "")
         lines += [
             "| fault | detection (cause) | client errors | sent to it during fault "
-            "| sent after detection | p99 during fault | back to full weight |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            f"| sent after detection | p99 during fault | back to full weight |{run_col[0]}",
+            f"| --- | --- | --- | --- | --- | --- | --- |{run_col[1]}",
         ]
         for f in faults:
             r = _find(runs, f, "pulsegate")
             title = meta["faults"][f]["title"]
+            tail = f" {_source([r], labels)} |" if labels else ""
             if r is None or not r.get("ok"):
-                lines.append(f"| {title} | {_det(r)} | - | - | - | - | - |")
+                lines.append(f"| {title} | {_det(r)} | - | - | - | - | - |{tail}")
                 continue
             sent = r["sent_after_detection"]
             back = _s(r["back_to_full_weight_s"]) if r["detected"] else "-"
             lines.append(
                 f"| {title} | {_det(r)} | {_pct(r)} | {_sent(r)} | {'-' if sent is None else sent} "
-                f"| {_ms(r['p99_s'])} | {back} |"
+                f"| {_ms(r['p99_s'])} | {back} |{tail}"
             )
     others = [m for m in BASELINES if m in modes]
     if others:
         cols = ["pulsegate", *others] if "pulsegate" in modes else others
         lines += ["", "## Per fault: pulsegate and the baselines (detection / errors / p99)", ""]
-        lines.append("| fault | " + " | ".join(MODE_NAMES[m] for m in cols) + " |")
-        lines.append("| --- |" + " --- |" * len(cols))
+        extra = ["run"] if labels else []
+        lines.append("| fault | " + " | ".join([*(MODE_NAMES[m] for m in cols), *extra]) + " |")
+        lines.append("| --- |" + " --- |" * (len(cols) + len(extra)))
         for f in faults:
             cells = []
             for m in cols:
@@ -114,6 +159,8 @@ def markdown(doc: dict[str, Any]) -> str:
                     cells.append(_det(r))
                     continue
                 cells.append(f"{_det(r, with_cause=False)} / {_pct(r)} / {_ms(r['p99_s'])}")
+            if labels:
+                cells.append(_source([_find(runs, f, m) for m in cols], labels))
             lines.append(f"| {meta['faults'][f]['title']} | " + " | ".join(cells) + " |")
     if doc.get("heartbeat"):
         lines += ["", *heartbeat_section(doc["heartbeat"])]
@@ -126,8 +173,14 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _source(rs: Iterable[dict[str, Any] | None], labels: dict[str, str]) -> str:
+    """The numbers of the runs the figures of one row come from."""
+    return ", ".join(sorted({labels.get(r.get("source", ""), "?") for r in rs if r})) or "-"
+
+
 def _headline(runs: list[dict[str, Any]], modes: list[str]) -> list[str]:
-    """The seeds' table, row for row, with the fault each row is measured on."""
+    """The seeds' table, row for row, with the fault each row is measured on; then issue 21's
+    done-when rows, each with its target and, for pulsegate, PASS or MISS."""
     cols = [m for m in ("pulsegate", "polling", "passive", "round_robin") if m in modes]
     rows: list[tuple[str, str, str, str, Any]] = [
         ("failure detection latency (hard failure)", "4,500 ms", "240 ms",
@@ -146,11 +199,14 @@ def _headline(runs: list[dict[str, Any]], modes: list[str]) -> list[str]:
          "error|slow", _success),
         ("mid-stream failure as seen by the user", "504 error", "< 1 s pause, stream continues",
          "stall", _midstream),
+        *((what, before, target, fault, fmt) for what, before, target, fault, fmt, _ in DONE_WHEN),
     ]  # fmt: skip
+    verdicts = {what: verdict for what, _, _, _, _, verdict in DONE_WHEN}
     out = [
-        "## Headline (the seeds' table; our figures measured on the fault named)",
+        "## Headline (the seeds' table, then issue 21's done-when rows; our figures measured "
+        "on the fault named)",
         "",
-        "| what | seeds: before | seeds: result | fault | " + " | ".join(
+        "| what | before | target (the seeds' result, or the issue's) | fault | " + " | ".join(
             MODE_NAMES[m] for m in cols) + " |",
         "| --- | --- | --- | --- |" + " --- |" * len(cols),
     ]  # fmt: skip
@@ -164,6 +220,8 @@ def _headline(runs: list[dict[str, Any]], modes: list[str]) -> list[str]:
                 if r is None:
                     continue
                 v = fmt(r) if r.get("ok") else "run failed"
+                if m == "pulsegate" and what in verdicts and r.get("ok"):
+                    v += ": **PASS**" if verdicts[what](r) else ": **MISS**"
                 parts.append(f"{v}" if len(keys) == 1 else f"{k}: {v}")
             cells.append("; ".join(parts) or "-")
         head = f"| {what} | {before} | {seed} | {', '.join(keys)} | "
@@ -206,6 +264,82 @@ def _midstream(r: dict[str, Any]) -> str:
     errs = r.get("client_errors", 0)
     gap = r.get("stream_max_gap_max_s")
     return f"max pause {_ms(gap)}, {errs} failed"
+
+
+def _stall(r: dict[str, Any]) -> str:
+    itl = r.get("itl_ms")
+    return (
+        f"pause p50 {_ms(r.get('stall_pause_p50_s'))}, max {_ms(r.get('stall_pause_max_s'))} "
+        f"({r.get('stalled_streams', 0)} streams hit){f' at {itl:g} ms ITL' if itl else ''}, "
+        f"{r.get('client_errors', 0)} failed"
+    )
+
+
+def _stall_ok(r: dict[str, Any]) -> bool:
+    p50, top = r.get("stall_pause_p50_s"), r.get("stall_pause_max_s")
+    return (
+        p50 is not None
+        and top is not None
+        and p50 <= 0.25
+        and top <= 0.4
+        and r.get("client_errors", 0) == 0
+    )
+
+
+def hedge_share(r: dict[str, Any]) -> float | None:
+    """Hedges sent over the requests sent from the fault to the end of the run."""
+    n = r.get("requests_since_fault") or 0
+    return (r.get("hedges") or {}).get("sent", 0) / n if n else None
+
+
+def _late(r: dict[str, Any]) -> str:
+    p99, healthy = r.get("ttft_p99_s"), r.get("healthy_ttft_p99_s")
+    ratio = f" ({p99 / healthy:.1f}x)" if p99 and healthy else ""
+    share = hedge_share(r)
+    sent = (r.get("hedges") or {}).get("sent", 0)
+    hedges = f"{sent} ({100 * share:.1f}%)" if share is not None else "-"
+    return f"TTFT p99 {_ms(p99)} vs healthy {_ms(healthy)}{ratio}; hedges {hedges}"
+
+
+def _late_ok(r: dict[str, Any]) -> bool:
+    p99, healthy, share = r.get("ttft_p99_s"), r.get("healthy_ttft_p99_s"), hedge_share(r)
+    return bool(p99 and healthy and share is not None and p99 <= 2 * healthy and share <= 0.05)
+
+
+def _within(limit_s: float, cause: str | None = None) -> Any:
+    def ok(r: dict[str, Any]) -> bool:
+        s = r.get("detection_s")
+        return s is not None and s <= limit_s and (cause is None or r["detection_cause"] == cause)
+
+    return ok
+
+
+def _slow_ok(r: dict[str, Any]) -> bool:
+    s = r.get("degraded_s")
+    return s is not None and s <= 5.0 and r.get("degraded_cause") == "slow"
+
+
+def _slow(r: dict[str, Any]) -> str:
+    s = r.get("degraded_s")
+    return "never degraded" if s is None else f"degraded {_ms(s)} ({r.get('degraded_cause')})"
+
+
+# Issue 21's done-when, one headline row each: what, before, target, fault, figure, verdict.
+DONE_WHEN: tuple[tuple[str, str, str, str, Any, Any], ...] = (
+    ("issue 21: mid-stream stall at 5 ms between tokens (client's pause)",
+     "max pause 1,032 ms (the fixed 1 s rule, 2026-11-29)",
+     "pause p50 <= 250 ms, max <= 400 ms, 0 failed", "stall", _stall, _stall_ok),
+    ("issue 21: one backend's first token 1.5 s late, among three (retry.hedge on)",
+     "TTFT p99 608 ms (2026-12-01, no hedge)",
+     "TTFT p99 <= 2x the healthy fleet's, hedges <= 5% of requests", "late_first", _late,
+     _late_ok),
+    ("issue 21: TCP SYNs to a node dropped: detection", "never (2026-11-29)", "<= 2 s",
+     "syn_drop", _det, _within(2.0)),
+    ("issue 21: a node 5x slower: `degraded` (cause slow)",
+     "never (ready, only down-weighted)", "<= 5 s", "slow", _slow, _slow_ok),
+    ("issue 21: GPU Xid 79 in the sim: ejection", "- (found only once inference fails)",
+     "<= 500 ms (cause gpu_xid)", "xid", _det, _within(0.5, "gpu_xid")),
+)  # fmt: skip
 
 
 def heartbeat_section(hb: dict[str, Any]) -> list[str]:

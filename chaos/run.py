@@ -1,11 +1,12 @@
 """`make chaos`: every fault against pulsegate and the three baselines; a table and a JSON file.
 
-    .venv/bin/python -m chaos.run                      # full: 18 faults x 4 modes, ~30 min
+    .venv/bin/python -m chaos.run                      # full: 22 faults x 4 modes, ~35 min
     .venv/bin/python -m chaos.run --quick              # 5 faults, shorter holds, ~8 min
     .venv/bin/python -m chaos.run -f loss_to,big_drop -m pulsegate,polling
     .venv/bin/python -m chaos.run --list               # the fault catalogue
-    .venv/bin/python -m chaos.run --publish            # also write docs/chaos-results.{md,json}
+    .venv/bin/python -m chaos.run --publish            # also merge into docs/chaos-results.*
     .venv/bin/python -m chaos.run --replicas           # issue 17: 3 replicas, Redis faults, ~2 min
+    .venv/bin/python -m chaos.run --fleet              # issue 21: fleet events, loopback, ~2 min
 
 Needs root (network namespaces, iptables). Every namespace, rule and process is removed at
 the end, on failure and on Ctrl-C; a run first removes whatever an earlier crashed run left
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos import netlab, replicas, report
+from chaos import fleet, netlab, publish, replicas, report
 from chaos.faults import BY_KEY, FAULTS, QUICK
 from chaos.lab import LAB_HEALTH, MODES, POLLING_PROBES, Lab
 from chaos.scenario import Settings, run
@@ -45,11 +46,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help=f"faults {','.join(QUICK)}, holds x0.6")
     ap.add_argument("--rate", type=float, default=50.0, help="client requests per second")
     ap.add_argument("--backends", type=int, default=3, help="simulated engines (>= 3)")
+    ap.add_argument("--itl-ms", type=float, default=10.0,
+                    help="the simulated engines' time between tokens (sim --itl-ms)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "chaos" / "latest")
-    ap.add_argument("--publish", action="store_true", help="write docs/chaos-results.{md,json}")
+    ap.add_argument("--publish", action="store_true", help="merge into docs/chaos-results.*")
     ap.add_argument("--list", action="store_true", help="print the fault catalogue and exit")
     ap.add_argument("--replicas", nargs="?", const=",".join(replicas.BY_KEY), metavar="FAULTS",
                     help="only the Redis faults under 3 replicas (chaos/replicas.py)")  # fmt: skip
+    ap.add_argument("--fleet", nargs="?", const=",".join(fleet.EVENTS), metavar="EVENTS",
+                    help="only the fleet events, on loopback (chaos/fleet.py)")  # fmt: skip
     return ap.parse_args(argv)
 
 
@@ -90,6 +95,7 @@ async def _main(args: argparse.Namespace, lab: Lab) -> dict[str, Any]:
                 n = fi * len(modes) + mi + 1
                 print(f"[{n}/{total}] {key} / {mode} ...", end=" ", flush=True)
                 r = await run(lab, fault, mode, settings, tap, seed=n)
+                r["itl_ms"] = args.itl_ms
                 runs.append(r)
                 print(report.one_line(r), flush=True)
     finally:
@@ -107,6 +113,7 @@ async def _main(args: argparse.Namespace, lab: Lab) -> dict[str, Any]:
             "loadavg_start": load_start,
             "loadavg_end": os.getloadavg(),
             "backends": args.backends,
+            "itl_ms": args.itl_ms,
             "rate_rps": settings.rate,
             "pre_s": settings.pre,
             "hold_scale": settings.hold_scale,
@@ -137,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{f.key:12} {f.kind:8} hold {f.hold:4.0f}s  {f.title}")
         for rf in replicas.FAULTS:  # --replicas
             print(f"{rf.key:12} {'redis':8} hold {replicas.HOLD_S:4.0f}s  {rf.title}")
+        for key in fleet.EVENTS:  # --fleet
+            print(f"{key:16} fleet    (chaos/fleet.py)")
         return 0
+    if args.fleet:  # processes and the admin API only: no namespaces, no root
+        return _fleet(args)
     netlab.ensure_tools()
     reason = netlab.why_unavailable()
     if reason:
@@ -148,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    lab = Lab(args.backends, out / "logs")
+    lab = Lab(args.backends, out / "logs", engine_args=("--itl-ms", f"{args.itl_ms:g}"))
     lab.install_signal_handlers()
     if args.replicas:
         with lab:
@@ -161,15 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(md)
     if args.publish:
-        public = _public(doc)
+        # Merged: the faults this run measured replace their older rows, the rest stay (each
+        # row names its run), and so do the heartbeat and --replicas sections.
         old = DOCS / "chaos-results.json"
-        if old.exists():  # keep the heartbeat figures `chaos.heartbeat --publish` put there
-            hb = json.loads(old.read_text()).get("heartbeat")
-            if hb:
-                public["heartbeat"] = hb
-            rp = json.loads(old.read_text()).get("replicas")  # and those of --replicas
-            if rp:
-                public["replicas"] = rp
+        prior = json.loads(old.read_text()) if old.exists() else None
+        public = publish.merge(prior, _public(doc), tuple(BY_KEY))
         old.write_text(json.dumps(public, indent=1))
         (DOCS / "chaos-results.md").write_text(report.markdown(public))
         print(f"published to {DOCS / 'chaos-results.md'}")
@@ -215,6 +222,25 @@ def _replicas(args: argparse.Namespace, lab: Lab) -> int:
         (DOCS / "chaos-results.md").write_text(report.markdown(public))
         print(f"published to {DOCS / 'chaos-results.md'}")
     return 1 if any(not r.get("ok") for r in runs) else 0
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    """`--fleet`: zone loss, rolling restart, two of three lost (chaos/fleet.py), on loopback;
+    the table and every figure in the output directory."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    s = fleet.Settings(rate=args.rate, quick=args.quick, logdir=args.out / "logs" / "fleet")
+    t0, load_start = time.time(), os.getloadavg()
+    results = asyncio.run(fleet.run_all(args.fleet.split(","), s))
+    doc = {"meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(t0)),
+                    "git": _git_rev(), "cpus": _cpus(), "loadavg_start": load_start,
+                    "loadavg_end": os.getloadavg(), "rate_rps": s.rate, "quick": s.quick},
+           "events": results}  # fmt: skip
+    (args.out / "fleet-results.json").write_text(json.dumps(doc, indent=1))
+    md = fleet.table(results) + "\n"
+    (args.out / "fleet-results.md").write_text(md)
+    print()
+    print(md)
+    return 0 if all(fleet.passed(k, r) for k, r in results.items()) else 1
 
 
 if __name__ == "__main__":

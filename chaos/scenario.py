@@ -1,6 +1,7 @@
 """One scenario: a fresh gateway in one mode, steady load, one fault held and lifted.
 
-    gateway up (mode) -> all backends ready -> load at `rate` for `pre` s -> fault on the
+    gateway up (mode) -> all backends ready -> load at `rate` for `pre` s (or the fault's
+    own, longer `pre`: a warm fleet for the faults judged against it) -> fault on the
     target -> held `fault.hold` s -> lifted -> watch the target until back to full weight
     (at most `recover_max` s) -> load stopped, in-flight requests drained -> figures
 
@@ -24,6 +25,8 @@ from chaos.faults import Fault
 from chaos.lab import Lab
 from chaos.load import Load, Result
 from chaos.tap import Tap
+
+HEDGES = "pulsegate_hedges_total"
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,14 @@ async def run(
     """Run one (fault, mode) scenario; returns its figures and timeline."""
     tag = f"{fault.key}-{mode}"
     try:
-        gw = await asyncio.to_thread(lab.start_gateway, mode, tag)
+        gw = await asyncio.to_thread(lab.start_gateway, mode, tag, None, fault.gateway or None)
         ready_s = await asyncio.to_thread(lab.wait_all_ready, 40.0)
-        load = Load(gw.url, rate=s.rate, timeout=s.timeout, seed=seed)
+        load = Load(gw.url, rate=s.rate, max_tokens=fault.max_tokens, timeout=s.timeout, seed=seed)
         load.start()
-        await asyncio.sleep(s.pre)
+        await asyncio.sleep(max(s.pre, fault.pre))
         target, share = _pick_target(s.target, load.results, lab)
         fleet = await asyncio.to_thread(_fleet_view, gw)
+        hedges0 = await asyncio.to_thread(gw.counter, HEDGES)
         t_fault = time.time()
         await asyncio.to_thread(fault.inject, lab, target)
         t_injected = time.time()
@@ -77,6 +81,7 @@ async def run(
         results = await load.stop()
         t_end = time.time()
         events = await asyncio.to_thread(gw.events)
+        hedges = measure.hedges_sent(hedges0, await asyncio.to_thread(gw.counter, HEDGES))
         node = lab.node(target)
         try:
             arrivals = await asyncio.to_thread(lab.engines[target].arrivals, t_fault - 1)
@@ -115,6 +120,9 @@ async def run(
             "t_lift": t_lift,
             "events": [e for e in events if e.get("ts", 0) >= t_fault - 1],
             **figures,
+            # from the fault to the end of the run, against the requests sent in that time
+            "hedges": hedges,
+            "requests_since_fault": sum(1 for r in results if r.t0 >= t_fault),
             "timeline": measure.timeline(results, target, t_fault),
         }
     except Exception as e:  # one broken scenario must not lose the others' figures
