@@ -11,20 +11,24 @@ on the same engines from the one shipped config (`deploy/envoy/envoy.yaml`):
   grpc-floor   the shipped config, its ext_proc pointed at a bare grpc.aio servicer that
                answers every message with an empty response (no parse, no pick; Envoy
                falls back to round robin): what any Python ext_proc server costs
+  eds          `deploy/envoy/envoy-eds.yaml`: the same picker process as Envoy's EDS server
+               (`--xds`), Envoy's own weighted least request, no per-request call
 
 Requests (non-streamed chat, 8 tokens, one at a time on a keep-alive client) alternate
 between the two in rounds, so drift on a shared host falls on both alike. Printed: p50 and
 p99 latency of each, the added p50 (epp - round-robin) and their ratio; the picker's CPU
 per request from /proc/PID/stat (utime + stime of all its threads, 10 ms ticks), with its
 idle CPU (probes, health tick) measured over the round-robin phases and subtracted, and the
-bare servicer's CPU per request beside it (the grpc.aio floor).
+bare servicer's CPU per request beside it (the grpc.aio floor). For `eds`: its added p50
+and the picker's CPU per request the same way (it should be ~0: no request reaches it).
 Targets (issue 18): added p50 <= 0.5 ms, picker CPU <= 150 us per request.
 
 Detection (`--trials N` per fault, 0: skip): a fresh fleet per trial with the default probe
 and health settings (as bench/health_figures.py measures `serve`), 4 closed-loop clients,
 then one fault on c (`cuda_hang`, `error`: 500 to everything, or SIGKILL); the time until
 c is out of the pick, and the client errors meanwhile. Side by side, the same trials:
-through Envoy + the picker (c out of the picker's answer) and through `pulsegate serve`
+through Envoy + the picker (c out of the picker's answer), through Envoy + EDS (c no
+longer HEALTHY in Envoy's own `/clusters`: pushed and applied) and through `pulsegate serve`
 (c no longer ready, degraded or in probation in /admin/backends).
 
 Streams (`--streams N`, 0: skip): N concurrent closed-loop streamed chats (256 tokens each,
@@ -39,6 +43,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -104,6 +109,12 @@ class FloorServer(Proc):
         self.host, self.port = self._read_address(timeout=20.0)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def cpu_s(pid: int) -> float:
     """utime + stime of process `pid` (all threads), seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -153,8 +164,22 @@ def main() -> int:
             procs.extend(sims)
             cfg_path = tmp / "epp.yaml"
             cfg_path.write_text(yaml.safe_dump({"backends": [backend_entry(s) for s in sims]}))
-            epp = Proc(["epp", "-c", str(cfg_path), "--listen", "127.0.0.1:0"], tmp / "epp.log")
+            xds_port = free_port()
+            epp = Proc(
+                ["epp", "-c", str(cfg_path), "--listen", "127.0.0.1:0",
+                 "--xds", f"127.0.0.1:{xds_port}"],
+                tmp / "epp.log",
+            )  # fmt: skip
             procs.append(epp)
+            eds_cfg = local_envoy.aim_eds(
+                yaml.safe_load((ROOT / "deploy" / "envoy" / "envoy-eds.yaml").read_text()),
+                listen_port=0,
+                admin_port=0,
+                xds=("127.0.0.1", xds_port),
+                models=["demo-7b"],
+            )
+            eds = local_envoy.LocalEnvoy(binary, eds_cfg, tmp, "envoy-eds")
+            envoys.append(eds)
             aimed = local_envoy.aim(
                 shipped,
                 listen_port=0,
@@ -181,6 +206,7 @@ def main() -> int:
                 "epp": with_epp.wait_ready(),
                 "round-robin": rr.wait_ready(),
                 "grpc-floor": bare.wait_ready(),
+                "eds": eds.wait_ready(),
             }
             pids = {"epp": epp.pid, "grpc-floor": floor.pid}
             figures = measure(urls, pids, args.requests, args.rounds)
@@ -227,16 +253,20 @@ def measure(urls: dict[str, str], pids: dict[str, int], n: int, rounds: int) -> 
                     cpu[srv][name] += cpu_s(pid) - c0[srv]
     done = per_round * rounds
 
-    def per_request_us(srv: str) -> tuple[float, float]:
-        """Net (idle rate over the round-robin phases subtracted) and gross us/request."""
+    def per_request_us(srv: str, path: str | None = None) -> tuple[float, float]:
+        """Net (idle rate over the round-robin phases subtracted) and gross us/request of
+        process `srv` while `path` (default: its own) was measured."""
+        path = path or srv
         idle_rate = cpu[srv]["round-robin"] / wall["round-robin"]
-        net = max(0.0, cpu[srv][srv] - idle_rate * wall[srv])
-        return net / done * 1e6, cpu[srv][srv] / done * 1e6
+        net = max(0.0, cpu[srv][path] - idle_rate * wall[path])
+        return net / done * 1e6, cpu[srv][path] / done * 1e6
 
     p50 = {k: statistics.median(v) for k, v in lat.items()}
     added_ms = (p50["epp"] - p50["round-robin"]) * 1e3
     cpu_us, gross_us = per_request_us("epp")
     floor_us, _ = per_request_us("grpc-floor")
+    eds_us, eds_gross_us = per_request_us("epp", "eds")
+    eds_added_ms = (p50["eds"] - p50["round-robin"]) * 1e3
     return {
         "requests_per_path": done,
         "load_average_1m": round(os.getloadavg()[0], 2),
@@ -255,6 +285,12 @@ def measure(urls: dict[str, str], pids: dict[str, int], n: int, rounds: int) -> 
         "target_cpu_us": TARGET_CPU_US,
         "added_p50_within_target": added_ms <= TARGET_ADDED_P50_MS,
         "cpu_within_target": cpu_us <= TARGET_CPU_US,
+        "eds_added_p50_ms": round(eds_added_ms, 3),
+        "eds_p50_ratio_vs_round_robin": round(p50["eds"] / p50["round-robin"], 3),
+        "eds_epp_cpu_us_per_request": round(eds_us, 1),
+        "eds_epp_cpu_us_per_request_gross": round(eds_gross_us, 1),
+        "eds_added_p50_within_target": eds_added_ms <= TARGET_ADDED_P50_MS,
+        "eds_cpu_within_target": eds_us <= TARGET_CPU_US,
     }
 
 
@@ -264,13 +300,14 @@ def detection(
     """Fault -> out of the pick, `trials` times on fresh fleets, through Envoy + the picker
     and through `pulsegate serve` (side by side, same host, same run); p50, max, errors."""
     out: dict[str, object] = {}
-    for mode in ("epp", "serve"):
+    for mode in ("epp", "eds", "serve"):
         times: list[float] = []
         statuses: list[int] = []
+        outliers: list[float | None] = []
         for t in range(trials):
             work = tmp / f"{mode}-{fault}-{t}"
             work.mkdir()
-            times.append(trial(binary, shipped, work, fault, mode, statuses))
+            times.append(trial(binary, shipped, work, fault, mode, statuses, outliers))
         out[mode] = {
             "out_of_pick_s": [round(x, 3) for x in times],
             "p50_s": round(statistics.median(times), 3),
@@ -278,6 +315,8 @@ def detection(
             "client_requests": len(statuses),
             "client_errors": sum(1 for st in statuses if st != 200),
         }
+        if mode == "eds":  # Envoy's own ejection, before pulsegate's verdict arrived
+            out[mode]["envoy_outlier_ejection_s"] = outliers  # type: ignore[index]
     return out
 
 
@@ -291,10 +330,15 @@ def trial(
     fault: str,
     mode: str,
     statuses: list[int],
+    outliers: list[float | None] | None = None,
 ) -> float:
     """One fleet, one fault on c: seconds until c is out of the pick (the picker's answer;
-    for `serve`, its state in /admin/backends); the clients' statuses appended."""
+    for `serve`, its state in /admin/backends; for `eds`, not HEALTHY in Envoy); the
+    clients' statuses appended; for `eds`, when Envoy's outlier detection ejected c (None:
+    not before pulsegate's push) appended to `outliers`."""
     procs: list[Proc] = []
+    fault_at: list[float] = []
+    outlier_at: list[float] = []
     envoy: local_envoy.LocalEnvoy | None = None
     stop = threading.Event()
     results: list[int] = []
@@ -310,6 +354,35 @@ def trial(
 
             def routable() -> set[str]:
                 return {n for n, b in gw.backends().items() if b["state"] in ROUTABLE}
+        elif mode == "eds":
+            xds_port = free_port()
+            cfg_path = work / "epp.yaml"
+            cfg_path.write_text(yaml.safe_dump(config))
+            args = ["epp", "-c", str(cfg_path), "--xds", f"127.0.0.1:{xds_port}"]
+            epp = Proc([*args, "--listen", "127.0.0.1:0"], work / "epp.log")
+            procs.append(epp)
+            names = {f"{s.host}:{s.port}": s.name for s in sims}
+            eds_cfg = local_envoy.aim_eds(
+                yaml.safe_load((ROOT / "deploy" / "envoy" / "envoy-eds.yaml").read_text()),
+                listen_port=0,
+                admin_port=0,
+                xds=("127.0.0.1", xds_port),
+                models=["demo-7b"],
+            )
+            envoy = local_envoy.LocalEnvoy(binary, eds_cfg, work)
+            url = envoy.wait_ready()
+            eds_envoy = envoy
+
+            def routable() -> set[str]:
+                # What pulsegate pushed, as Envoy holds it (not Envoy's outlier ejections).
+                hosts = eds_envoy.hosts("pulsegate_demo-7b")
+                if (
+                    fault_at
+                    and not outlier_at
+                    and any(h["outlier"] and names[e] == "c" for e, h in hosts.items())
+                ):
+                    outlier_at.append(time.monotonic())
+                return {names[e] for e, h in hosts.items() if h["health"] == "HEALTHY"}
         else:
             cfg_path = work / "epp.yaml"
             cfg_path.write_text(yaml.safe_dump(config))
@@ -340,12 +413,15 @@ def trial(
         until(lambda: len(results) >= 40, 30, "traffic flowing")
         bad = sims[2]
         t0 = time.monotonic()
+        fault_at.append(t0)
         if fault == "kill":
             bad.kill()
         else:
             bad.fault(fault)
         until(lambda: bad.name not in routable(), 30, f"{fault} out")
         took = time.monotonic() - t0
+        if outliers is not None:
+            outliers.append(round(outlier_at[0] - t0, 3) if outlier_at else None)
         n = len(results)
         until(lambda: len(results) >= n + 40, 30, "traffic after")
         return took
@@ -371,11 +447,13 @@ STREAM_BODY = {
 def streams(
     binary: str, shipped: dict[str, object], tmp: Path, n: int, seconds: float
 ) -> dict[str, object]:
-    """Tokens/s and data-plane CPU per token, Envoy + picker vs `serve`, same engines."""
+    """Tokens/s and data-plane CPU per token, Envoy + picker, Envoy + EDS and `serve`,
+    same engines."""
     work = tmp / "streams"
     work.mkdir()
     procs: list[Proc] = []
     envoy: local_envoy.LocalEnvoy | None = None
+    eds: local_envoy.LocalEnvoy | None = None
     out: dict[str, object] = {"streams": n, "seconds": seconds}
     try:
         sims = [
@@ -386,7 +464,12 @@ def streams(
         config = {"backends": [backend_entry(s) for s in sims]}
         cfg_path = work / "epp.yaml"
         cfg_path.write_text(yaml.safe_dump(config))
-        epp = Proc(["epp", "-c", str(cfg_path), "--listen", "127.0.0.1:0"], work / "epp.log")
+        xds_port = free_port()
+        epp = Proc(
+            ["epp", "-c", str(cfg_path), "--listen", "127.0.0.1:0",
+             "--xds", f"127.0.0.1:{xds_port}"],
+            work / "epp.log",
+        )  # fmt: skip
         procs.append(epp)
         aimed = local_envoy.aim(
             shipped,
@@ -397,6 +480,15 @@ def streams(
         )
         envoy = local_envoy.LocalEnvoy(binary, aimed, work)
         envoy_url = envoy.wait_ready()
+        eds_cfg = local_envoy.aim_eds(
+            yaml.safe_load((ROOT / "deploy" / "envoy" / "envoy-eds.yaml").read_text()),
+            listen_port=0,
+            admin_port=0,
+            xds=("127.0.0.1", xds_port),
+            models=["demo-7b"],
+        )
+        eds = local_envoy.LocalEnvoy(binary, eds_cfg, work, "envoy-eds")
+        eds_url = eds.wait_ready()
         gw = Gateway(work, config)
         procs.append(gw)
         target = f"{epp.host}:{epp.port}"
@@ -404,6 +496,7 @@ def streams(
         gw.wait_all_ready(30)
         paths = {
             "envoy+epp": (envoy_url, [envoy.pid, epp.pid]),
+            "envoy+eds": (eds_url, [eds.pid, epp.pid]),
             "serve": (gw.url, [gw.pid]),
         }
         for name, (url, pids) in paths.items():
@@ -417,13 +510,14 @@ def streams(
                 "cpu_cores": round(used / wall, 2),
                 "errors": errors,
             }
-            if name == "envoy+epp" and tokens:
+            if name in ("envoy+epp", "envoy+eds") and tokens:
                 row["envoy_cpu_us_per_token"] = round(each[0] / tokens * 1e6, 2)
                 row["epp_cpu_us_per_token"] = round(each[1] / tokens * 1e6, 2)
             out[name] = row
     finally:
-        if envoy is not None:
-            envoy.stop()
+        for e in (envoy, eds):
+            if e is not None:
+                e.stop()
         for p in reversed(procs):
             p.stop()
     a, b = out.get("envoy+epp"), out.get("serve")

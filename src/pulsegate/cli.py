@@ -33,6 +33,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also serve /healthz, /metrics, the admin API and the dashboard on the "
         "config's gateway.listen (the rules of serve's)",
     )
+    s.add_argument(
+        "--xds",
+        metavar="HOST:PORT",
+        default=None,
+        help="also be Envoy's EDS server on HOST:PORT: verdicts pushed as endpoint health "
+        "and weights, one cluster per model, nothing per request (docs/epp.md, EDS mode)",
+    )
 
     s = sub.add_parser("reload", help="make a running gateway re-read its config file")
     s.add_argument("--url", default="http://127.0.0.1:8080")
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pulsegate epp needs the 'epp' extra: pip install 'pulsegate[epp]' ({e})",
                   file=sys.stderr)  # fmt: skip
             return 2
-        return run_epp(args.config, args.listen, args.admin)
+        return run_epp(args.config, args.listen, args.admin, args.xds)
     if args.cmd == "reload":
         from pulsegate.status import run_reload
 

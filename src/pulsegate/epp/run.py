@@ -1,4 +1,5 @@
-"""`pulsegate epp -c FILE [--listen HOST:PORT] [--admin]`: the endpoint picker as a process.
+"""`pulsegate epp -c FILE [--listen HOST:PORT] [--admin] [--xds HOST:PORT]`: the endpoint
+picker as a process.
 
 The same parts as `pulsegate serve` without the proxy: the health service (probers,
 heartbeat clients, the health tick, events and alerts) judges the configured backends, and
@@ -15,6 +16,10 @@ dashboard, under the same token and loopback rules (`admin.py`). SIGHUP (and `PO
 /admin/reload`) re-reads the config in place as `serve` does (`reload.py`): the health service
 takes the backends, the picker a new router and endpoint map; an exchange in flight keeps its
 in-flight slot and reports its outcome; `--listen` and `gateway.listen` stay as they were.
+
+With `--xds`, the same verdicts also go to Envoy as its EDS server on that port (`xds.py`):
+one `ClusterLoadAssignment` per model, pushed when a host's health or weight changes, no
+per-request call. The ext_proc service stays up beside it (one brain, either data path).
 
 Shutdown (SIGTERM, SIGINT): health flips to NOT_SERVING, the server stops taking streams
 and gives open ones `GRACE_S` to finish (an open stream is one HTTP request: its response
@@ -34,6 +39,7 @@ from typing import Any
 import aiohttp
 import grpc
 from aiohttp import web
+from envoy.service.endpoint.v3 import eds_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -44,10 +50,13 @@ from pulsegate.balancer import Balancer
 from pulsegate.clock import SystemClock
 from pulsegate.config import Config, ConfigError, load_config
 from pulsegate.control.service import HealthService
+from pulsegate.epp.assignment import plan_of
 from pulsegate.epp.endpoints import Endpoints
 from pulsegate.epp.picker import Picker
 from pulsegate.epp.service import PickerService
+from pulsegate.epp.xds import EdsService, Publisher
 from pulsegate.health.fleet import Reconfigured
+from pulsegate.health.verdict import State
 from pulsegate.observe.metrics import Registry
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.route import BalancedRouter
@@ -81,6 +90,7 @@ class EndpointPicker:
         self.grpc_health = HealthServicer()
         self.tasks = runtime.TaskSet("epp")
         self.server: grpc.aio.Server | None = None
+        self.xds_server: grpc.aio.Server | None = None  # --xds: Envoy's EDS (xds.py)
         self._session: aiohttp.ClientSession | None = None
 
     def _picker(self, config: Config) -> Picker:
@@ -129,8 +139,32 @@ class EndpointPicker:
             await self.grpc_health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return port
 
+    async def start_xds(self, listen: str) -> int:
+        """Also serve Envoy's EDS on `listen` (after `start`): verdicts pushed as
+        `ClusterLoadAssignment`s, one cluster per model; returns the bound port."""
+        publisher = Publisher(
+            lambda: plan_of(self.health.fleet, self.endpoints.endpoint),
+            lambda: self.health.fleet.version,
+            lambda: all(v.state is not State.COLD for v in self.health.fleet.verdicts()),
+            self.clock.now,
+        )
+        self.health.on_change.append(publisher.poke)
+        self.health.on_transitions.append(publisher.poke)
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        eds_pb2_grpc.add_EndpointDiscoveryServiceServicer_to_server(EdsService(publisher), server)
+        try:
+            port: int = server.add_insecure_port(listen)
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {listen}: {e}") from e
+        self.xds_server = server
+        self.tasks.spawn(publisher.run(), "xds-publisher")
+        await server.start()
+        return port
+
     async def close(self) -> None:
         await self.grpc_health.enter_graceful_shutdown()
+        if self.xds_server is not None:  # Envoy keeps the last assignment it was sent
+            await self.xds_server.stop(0)
         if self.server is not None:
             await self.server.stop(GRACE_S)
         await self.health.close()
@@ -156,7 +190,7 @@ async def _admin_site(epp: EndpointPicker, reloader: Reloader) -> web.TCPSite:
     return site
 
 
-async def _serve(cfg: Config, path: str, listen: str, admin: bool) -> None:
+async def _serve(cfg: Config, path: str, listen: str, admin: bool, xds: str | None) -> None:
     clock = SystemClock(asyncio.get_running_loop())
     epp = EndpointPicker(cfg, clock, random.Random())
     reloader = Reloader(path, lambda: epp.config, epp.apply, epp.health)
@@ -165,6 +199,9 @@ async def _serve(cfg: Config, path: str, listen: str, admin: bool) -> None:
     try:
         host = listen.rsplit(":", 1)[0]
         print(f"pulsegate epp listening on {host}:{port}", flush=True)
+        if xds is not None:
+            xds_port = await epp.start_xds(xds)
+            print(f"pulsegate epp xds listening on {xds.rsplit(':', 1)[0]}:{xds_port}", flush=True)
         if admin:
             site = await _admin_site(epp, reloader)
         stop = asyncio.Event()
@@ -179,7 +216,9 @@ async def _serve(cfg: Config, path: str, listen: str, admin: bool) -> None:
         clock.close()
 
 
-def run_epp(config_path: str, listen: str = DEFAULT_LISTEN, admin: bool = False) -> int:
+def run_epp(
+    config_path: str, listen: str = DEFAULT_LISTEN, admin: bool = False, xds: str | None = None
+) -> int:
     """Exit 2: the config is invalid; 1: it cannot listen; 0 after a clean stop."""
     runtime.setup_logging()
     try:
@@ -190,7 +229,7 @@ def run_epp(config_path: str, listen: str = DEFAULT_LISTEN, admin: bool = False)
         return 2
     # Plain asyncio, as the agent: grpc.aio runs on the default loop.
     try:
-        asyncio.run(_serve(cfg, config_path, listen, admin))
+        asyncio.run(_serve(cfg, config_path, listen, admin, xds))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
