@@ -13,6 +13,7 @@ from pulsegate.health.machine import Event
 from pulsegate.health.observations import (
     EngineFacts,
     FirstByteOverdue,
+    Outcome,
     ProbeKind,
     ProbeResult,
     RequestResult,
@@ -329,6 +330,19 @@ def test_first_byte_overdue_makes_suspect_at_once(ready3: Harness) -> None:
     h.obs("a", OK)
     assert not h.fleet.backend("a").suspect
     assert h.weight("a") == pytest.approx(before)
+
+
+def test_a_late_success_does_not_clear_suspicion(ready3: Harness) -> None:
+    """Suspect for first bytes over 0.1 s (the hedge's report): a request answered with its
+    first byte 1.5 s late succeeds, and the suspicion stays; one answered in 30 ms clears it."""
+    h = ready3
+    before = h.weight("a")
+    h.obs("a", FirstByteOverdue(1, 0.1))
+    h.obs("a", RequestResult(Outcome.OK, ttft_s=1.5))
+    assert h.fleet.backend("a").suspect
+    assert h.weight("a") == pytest.approx(before * SUSPECT_FACTOR)
+    h.obs("a", RequestResult(Outcome.OK, ttft_s=0.03))
+    assert not h.fleet.backend("a").suspect
 
 
 def test_suspect_cleared_by_a_successful_probe(ready3: Harness) -> None:

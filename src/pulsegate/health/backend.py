@@ -237,7 +237,7 @@ class BackendHealth:
         outcome = r.outcome
         if outcome is Outcome.OK:
             self.signals.record_request_ok(r.ttft_s, now)
-            if self._st.suspicion.active:
+            if self._st.suspicion.cleared_by(r.ttft_s):  # a late success clears nothing
                 self._st.clear_suspect()
             return _NOTHING
         if not outcome.is_failure:

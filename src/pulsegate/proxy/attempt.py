@@ -24,7 +24,12 @@ from aiohttp import web
 from pulsegate import clock as _clock
 from pulsegate.clock import Clock
 from pulsegate.health.connects import OWN_ERRNOS
-from pulsegate.health.observations import ConnectResult, Outcome, RequestResult
+from pulsegate.health.observations import (
+    ConnectResult,
+    FirstByteOverdue,
+    Outcome,
+    RequestResult,
+)
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
 from pulsegate.proxy.errors import error_body
 from pulsegate.proxy.exchange import Exchange
@@ -95,6 +100,11 @@ class AttemptOpener:
         # Each backend's times to first token and inter-token gaps (`rhythm.py`): fed here
         # and by the relays, read by the stall rule and the hedge.
         self.rhythms = Rhythms()
+
+    def late(self, name: str, waited_s: float) -> None:
+        """A first byte from `name` is later than its peers' usual (the hedge fired): evidence,
+        as the first-byte watch's overdue report (`health/suspect.py`)."""
+        self._outcomes.report(name, FirstByteOverdue(1, waited_s))
 
     async def open(
         self,

@@ -2,7 +2,9 @@
 
 A stream's first attempt waits for its first byte; once that wait is past `factor` x the
 usual time to first token (`hedge_after`), the same request goes to the next best backend
-too. The first of the two to produce a byte wins and carries the stream; the other is
+too, and the late backend is reported suspect (`health/suspect.py`: its weight x 0.05 until a
+request there is answered sooner than that), so the next streams avoid it before any probe
+fails. The first of the two to produce a byte wins and carries the stream; the other is
 cancelled at once (the attempt opener closes its upstream, so the engine stops generating
 for nobody) and counted (`pulsegate_hedges_total{outcome}`). Nothing reaches the client
 before a winner exists, and only the winner's bytes ever do: no duplicate byte.
@@ -129,6 +131,9 @@ class Hedger:
         try:
             if not await self._late(first, after):
                 return first.result()
+            # Late against its peers: the backend is suspect now (its weight x 0.05 until a
+            # success quicker than `after`), so the next streams go elsewhere, hedge or not.
+            opener.late(target.name, after)
             return await self._hedge(first, tasks, req, ex)
         finally:
             for t in tasks:
