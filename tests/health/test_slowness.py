@@ -87,13 +87,24 @@ def test_slow_only_after_the_whole_window() -> None:
 
 
 def test_the_window_allows_half_an_evaluation_late_or_early() -> None:
-    """Evaluations 1 s apart, one of them a tick early: three of them still make 3 s."""
+    """Evaluations 1 s apart, one of them a tick early: two of them still make 2 s."""
+    assert SLOW_WINDOW_S == 2.0
     w = SlowWatch(Signals(0.2))
-    assert not _evals(w, 5.0, 0.0, 2.0, dt=1.0)
-    assert w.update(_r(5.0), 2.95)
+    assert not _evals(w, 5.0, 0.0, 1.0, dt=1.0)
+    assert w.update(_r(5.0), 1.95)
     w2 = SlowWatch(Signals(0.2))
-    assert not _evals(w2, 5.0, 0.0, 2.0, dt=1.0)
-    assert not w2.update(_r(5.0), 2.4)  # more than half an evaluation short
+    assert not _evals(w2, 5.0, 0.0, 1.0, dt=1.0)
+    assert not w2.update(_r(5.0), 1.4)  # more than half an evaluation short
+
+
+def test_one_slow_probe_sample_is_never_enough() -> None:
+    """The same slow sample read at every evaluation (no newer probe came) for twice the
+    window: not slow; a second slow sample: slow."""
+    w = SlowWatch(Signals(0.2))
+    one = Reading("canary", 0.5, 0.05, 2, 10.0, at=0.0)
+    for t in (0.0, 1.0, 2.0, 3.0, 4.0):
+        assert not w.update(one, t)
+    assert w.update(Reading("micro", 0.5, 0.05, 2, 10.0, at=4.2), 5.0)
 
 
 def test_a_dip_under_3x_restarts_the_window() -> None:
@@ -147,7 +158,7 @@ def test_ready_and_slow_degrades_with_cause_slow() -> None:
     w, t = _slow_watch()
     f = w.judge(State.READY, None, t)
     assert f is not None and f.event is Event.DEGRADE and f.cause == "slow"
-    assert f.reason == "slow: smoothed TTFT 250 ms is 5.0x its 2 peers' median (50 ms) for 3.0s"
+    assert f.reason == "slow: smoothed TTFT 250 ms is 5.0x its 2 peers' median (50 ms) for 2.0s"
     # The score's own degrade is replaced (the cause is the slowness) ...
     f = w.judge(State.READY, Fire("degraded", "score 55 < 60", Event.DEGRADE), t)
     assert f is not None and f.cause == "slow"
