@@ -96,8 +96,12 @@ test-engines: install
 	PULSEGATE_ENGINES=1 $(PY) -m pytest tests/engines $(PYTEST_ARGS)
 
 # The chaos lab (root: network namespaces, iptables): every fault against pulsegate and the
-# three baseline modes, ~30 min; docs/chaos.md. CHAOS_ARGS=--quick for ~8 min.
+# three baseline modes, ~35 min, then the fleet events on loopback (~1.5 min; not after a
+# partial run: -f, -m, --replicas); docs/chaos.md. CHAOS_ARGS=--quick for ~8 min; --publish
+# merges both into docs/chaos-results.*.
 CHAOS_ARGS ?=
 chaos: install
 	$(PY) -m pip install -q fnfqueue  # the NFQUEUE delay line of the `delay` fault
 	$(PY) -m chaos.run $(CHAOS_ARGS)
+	$(if $(filter --replicas --fleet -f --faults -m --modes --list,$(CHAOS_ARGS)),,\
+	  $(PY) -m chaos.run --fleet $(filter --quick --publish,$(CHAOS_ARGS)))

@@ -166,6 +166,8 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += ["", *heartbeat_section(doc["heartbeat"])]
     if doc.get("replicas"):
         lines += ["", *replicas_section(doc["replicas"])]
+    if doc.get("fleet"):
+        lines += ["", *fleet_section(doc["fleet"])]
     failed = [r for r in runs if not r.get("ok")]
     if failed:
         lines += ["", "## Runs that failed", ""]
@@ -376,6 +378,25 @@ def heartbeat_section(hb: dict[str, Any]) -> list[str]:
             f"| {s['back_through_probation']}/{s['trials']} |"
         )
     return out
+
+
+def fleet_section(doc: dict[str, Any]) -> list[str]:
+    """Issue 21's fleet events (`chaos.run --fleet`): zone lost, rolling restart, two of three
+    lost, in the events' own table (`chaos/fleet.py`)."""
+    from chaos import fleet  # the events and their table; not needed by the fault tables
+
+    meta = doc["meta"]
+    la0, la1 = meta["loadavg_start"][0], meta["loadavg_end"][0]
+    return [
+        "## Fleet events (issue 21)",
+        "",
+        f"`python -m chaos.run --fleet`, {meta['started']}, git `{meta['git']}`, "
+        f"{meta['cpus']} CPUs, load average {la0:.1f} -> {la1:.1f}, {meta['rate_rps']:g} "
+        "client requests/s on loopback (no network fault: processes and the admin API). "
+        "Method and findings: [fleet-events.md](fleet-events.md).",
+        "",
+        fleet.table(doc["events"]),
+    ]
 
 
 def replicas_section(doc: dict[str, Any]) -> list[str]:

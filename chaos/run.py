@@ -240,6 +240,13 @@ def _fleet(args: argparse.Namespace) -> int:
     (args.out / "fleet-results.md").write_text(md)
     print()
     print(md)
+    old = DOCS / "chaos-results.json"
+    if args.publish and old.exists():
+        public = json.loads(old.read_text())
+        public["fleet"] = doc
+        old.write_text(json.dumps(public, indent=1))
+        (DOCS / "chaos-results.md").write_text(report.markdown(public))
+        print(f"published to {DOCS / 'chaos-results.md'}")
     return 0 if all(fleet.passed(k, r) for k, r in results.items()) else 1
 
 

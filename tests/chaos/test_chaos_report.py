@@ -175,3 +175,18 @@ def test_late_first_delays_only_the_first_token() -> None:
     assert first_token_delay(f) == 1.5 and slowdown(f) == 1.0
     assert parse_fault({"mode": "late_first"}).seconds == 1.5
     assert first_token_delay(parse_fault({"mode": "slow"})) == 0.0
+
+
+def test_the_published_results_render_the_fleet_events_section() -> None:
+    """docs/chaos-results.json as committed renders back to its Markdown, the fleet events'
+    table (issue 21: zone lost, rolling restart, two of three lost) included."""
+    import json
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    public = json.loads((docs / "chaos-results.json").read_text())
+    md = report.markdown(public)
+    assert md == (docs / "chaos-results.md").read_text()
+    assert "## Fleet events (issue 21)" in md
+    for event in ("zone_loss", "rolling_restart", "two_lost"):
+        assert f"| {event} |" in md
