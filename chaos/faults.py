@@ -61,6 +61,9 @@ class Fault:
     # Tokens per client request (the load's usual 16 answer in 80-160 ms: too short for a
     # stall to find more than one or two streams on the node mid-way).
     max_tokens: int = 16
+    # What of `serve`'s proxy the fault is about, which Envoy + picker (`envoy-epp`) lacks
+    # (docs/epp.md, "What this mode cannot do"): not run in that mode, its table says so.
+    needs_serve: str = ""
 
 
 # -- network ----------------------------------------------------------------------------------
@@ -197,10 +200,10 @@ FAULTS: tuple[Fault, ...] = (
           tags=frozenset({"subhealthy"}), pre=SLOW_PRE_S),
     Fault("late_first", "engine", f"first token {LATE_S:g} s late, then on time (retry.hedge on)",
           _sim("late_first", seconds=LATE_S), _NONE, tags=frozenset({"subhealthy"}),
-          pre=LATE_PRE_S, gateway=HEDGE_ON),
+          pre=LATE_PRE_S, gateway=HEDGE_ON, needs_serve="hedging"),
     Fault("stall", "engine", f"streams stall after 4 tokens ({STALL_TOKENS}-token answers)",
           _sim("stall", after_tokens=4), _NONE, tags=frozenset({"midstream"}),
-          max_tokens=STALL_TOKENS),
+          max_tokens=STALL_TOKENS, needs_serve="mid-stream resume"),
     Fault("warming", "engine", "engine restarts warming (/health 503, inference 503)",
           _sim("warming", seconds=HOLD_S), _NONE),
     # gray GPU faults (docs/gpu-faults.md): only the sim's DCGM gauges change, which the agent

@@ -22,9 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from chaos import netlab
+from chaos.envoyepp import EnvoyEpp
 from chaos.procs import Agent, Engine, Gateway, Proc
 
 MODES = ("pulsegate", "round_robin", "polling", "passive")
+# Envoy as the data plane, `pulsegate epp` as its picker (chaos/envoyepp.py). Not in a full
+# run's default modes: its ~20 scenarios would add ~20 min to `make chaos`; `-m envoy-epp`.
+ENVOY_EPP = "envoy-epp"
+ALL_MODES = (*MODES, ENVOY_EPP)
+# The modes judged by pulsegate's health service (probation ramp, ~45 s way back).
+JUDGED = frozenset({"pulsegate", ENVOY_EPP})
 MODEL = "demo-7b"
 
 # The lab's gateway settings. Detection runs on the defaults (heartbeat 100 ms / 80 ms / 3
@@ -43,9 +50,10 @@ def gateway_config(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The gateway's config for `mode`: identical for every mode apart from the mode itself
-    and, for polling, the poll interval. `extra` (a fault's `gateway`) is merged over it."""
+    and, for polling, the poll interval. `extra` (a fault's `gateway`) is merged over it.
+    The picker of `envoy-epp` takes pulsegate's config as is."""
     cfg: dict[str, Any] = {
-        "gateway": {"mode": mode},
+        "gateway": {"mode": "pulsegate" if mode == ENVOY_EPP else mode},
         "backends": [
             {
                 "name": f"b{n.index}",
@@ -81,7 +89,7 @@ class Lab:
         self.nodes: list[netlab.Node] = []
         self.engines: dict[str, Engine] = {}
         self.agents: dict[str, Agent] = {}
-        self.gateway: Gateway | None = None
+        self.gateway: Gateway | EnvoyEpp | None = None
         self.helpers: list[subprocess.Popen[bytes]] = []
         self._lock = netlab.Lock()
         self._closed = False
@@ -117,7 +125,7 @@ class Lab:
             if self._closed:
                 return
             self._closed = True
-        procs: list[Proc] = []
+        procs: list[Proc | EnvoyEpp] = []
         if self.gateway is not None:
             procs.append(self.gateway)
         procs += list(self.agents.values()) + list(self.engines.values())
@@ -227,10 +235,13 @@ class Lab:
         tag: str,
         health: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
-    ) -> Gateway:
+    ) -> Gateway | EnvoyEpp:
         self.stop_gateway()
         cfg = gateway_config(self.nodes, mode, health, extra)
-        self.gateway = Gateway(self.logdir, cfg, tag)
+        if mode == ENVOY_EPP:
+            self.gateway = EnvoyEpp(self.logdir, cfg, tag, self.nodes)
+        else:
+            self.gateway = Gateway(self.logdir, cfg, tag)
         return self.gateway
 
     def stop_gateway(self) -> None:

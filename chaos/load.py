@@ -8,6 +8,10 @@ faults hit client traffic as they hit the gateway's canary), and half the reques
 Every prompt starts with a unique tag so the engines' prefix cache cannot make faults look
 faster than they are.
 
+Who answered: `serve` names the backend in `x-pulsegate-backend`; Envoy (the `envoy-epp`
+mode) names the engine's `ip:port` in `x-gateway-destination-endpoint-served`, mapped to
+the backend's name by `endpoints`.
+
 Each request becomes one `Result`. A request is an error when the client does not get a
 complete, well-formed answer within `timeout`: a non-200 status, a transport error, a timeout,
 a stream without `data: [DONE]`, or a stream carrying an error object.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,7 +45,7 @@ class Result:
     status: int  # HTTP status, 0 when none arrived
     ok: bool
     error: str  # "" when ok; else timeout | connect | status | stream_cut | stream_error | ...
-    backend: str  # x-pulsegate-backend: who answered in the end
+    backend: str  # x-pulsegate-backend (or Envoy's served endpoint): who answered in the end
     attempts: int
     ttft: float | None  # seconds to the first body chunk
     max_gap: float | None  # streams: the longest pause between two chunks
@@ -70,6 +75,7 @@ class Load:
         seed: int = 0,
         stream_share: float = 0.5,
         big_share: float = 0.5,
+        endpoints: Mapping[str, str] | None = None,
     ) -> None:
         self.url = url.rstrip("/") + "/v1/chat/completions"
         self.rate = rate
@@ -78,6 +84,7 @@ class Load:
         self.rng = random.Random(seed)
         self.stream_share = stream_share
         self.big_share = big_share
+        self.endpoints = endpoints or {}
         self.results: list[Result] = []
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -146,8 +153,7 @@ class Load:
                 self.url, data=body, headers={"content-type": "application/json"}
             ) as r:
                 status = r.status
-                backend = r.headers.get("x-pulsegate-backend", "")
-                attempts = int(r.headers.get("x-pulsegate-attempts", "0") or 0)
+                backend, attempts = _served(r.headers, self.endpoints)
                 if status != 200:
                     await r.read()
                     error = "status"
@@ -176,6 +182,14 @@ class Load:
             Result(t0, time.time(), stream, big, status, not error, error, backend, attempts,
                    ttft, max_gap)
         )  # fmt: skip
+
+
+def _served(headers: Mapping[str, str], endpoints: Mapping[str, str]) -> tuple[str, int]:
+    """The backend that answered and the attempts it took, from `serve`'s headers or Envoy's."""
+    if "x-pulsegate-backend" in headers:
+        return headers["x-pulsegate-backend"], int(headers.get("x-pulsegate-attempts") or 0)
+    served = headers.get("x-gateway-destination-endpoint-served", "")
+    return endpoints.get(served, served), int(headers.get("x-envoy-attempt-count") or 0)
 
 
 async def _read_stream(r: aiohttp.ClientResponse, t0: float) -> tuple[float | None, float, str]:

@@ -139,26 +139,21 @@ class Agent(Proc):
         )  # fmt: skip
 
 
-class Gateway(Proc):
-    """`pulsegate serve` in the root namespace on 127.0.0.1, port 0."""
+class AdminAPI:
+    """What the lab reads from pulsegate's admin API at `admin_url` (`serve`, or `epp
+    --admin`, which serves the same API): backends, one counter, the event log."""
 
-    def __init__(self, logdir: Path, config: dict[str, Any], tag: str) -> None:
-        config = {**config}
-        config["gateway"] = {**config.get("gateway", {}), "listen": "127.0.0.1:0"}
-        self.config_path = logdir / f"gateway-{tag}.yaml"
-        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        super().__init__(["serve", "-c", str(self.config_path)], logdir / f"gateway-{tag}.log")
-        self.url = f"http://{self.host}:{self.port}"
+    admin_url: str
 
     def backends(self) -> dict[str, dict[str, Any]]:
-        r = httpx.get(f"{self.url}/admin/backends", timeout=5)
+        r = httpx.get(f"{self.admin_url}/admin/backends", timeout=5)
         r.raise_for_status()
         return {b["name"]: b for b in r.json()["backends"]}
 
     def counter(self, name: str) -> dict[str, float]:
         """One counter of `/metrics`, by its one label's value (`outcome="hedge_won"` ->
         `hedge_won`); {} while it has no sample."""
-        r = httpx.get(f"{self.url}/metrics", timeout=5)
+        r = httpx.get(f"{self.admin_url}/metrics", timeout=5)
         r.raise_for_status()
         out: dict[str, float] = {}
         for line in r.text.splitlines():
@@ -168,6 +163,26 @@ class Gateway(Proc):
         return out
 
     def events(self) -> list[dict[str, Any]]:
-        r = httpx.get(f"{self.url}/admin/events", params={"limit": 2000}, timeout=5)
+        r = httpx.get(f"{self.admin_url}/admin/events", params={"limit": 2000}, timeout=5)
         r.raise_for_status()
         return r.json()["events"]  # type: ignore[no-any-return]
+
+
+def config_file(logdir: Path, config: dict[str, Any], name: str) -> Path:
+    """`config` with its admin/HTTP side on 127.0.0.1, port 0, written to `logdir/name`."""
+    config = {**config}
+    config["gateway"] = {**config.get("gateway", {}), "listen": "127.0.0.1:0"}
+    path = logdir / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+class Gateway(AdminAPI, Proc):
+    """`pulsegate serve` in the root namespace on 127.0.0.1, port 0."""
+
+    def __init__(self, logdir: Path, config: dict[str, Any], tag: str) -> None:
+        self.config_path = config_file(logdir, config, f"gateway-{tag}.yaml")
+        super().__init__(["serve", "-c", str(self.config_path)], logdir / f"gateway-{tag}.log")
+        self.url = self.admin_url = f"http://{self.host}:{self.port}"
+        # `serve` names the backend that answered in `x-pulsegate-backend`: no endpoint map.
+        self.endpoints: dict[str, str] = {}

@@ -1,5 +1,7 @@
 """The results as Markdown: the seeds' headline table with our figures beside it, then one
-row per fault for pulsegate and one per fault for the baselines side by side."""
+row per fault for pulsegate and one per fault for the other modes side by side (Envoy +
+pulsegate epp, when run, beside pulsegate: a fault it cannot face says what of `serve` it
+needs instead of a figure)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ MODE_NAMES = {
     "polling": "HTTP polling (5 s x 3)",
     "passive": "passive outlier (5 x 5xx)",
     "round_robin": "round-robin",
+    "envoy-epp": "Envoy + pulsegate epp",
 }
 BASELINES = ("polling", "passive", "round_robin")
+# Beside pulsegate in the tables: its own brain behind Envoy, then the baselines.
+OTHERS = ("envoy-epp", *BASELINES)
 
 
 def _ms(x: float | None) -> str:
@@ -42,6 +47,11 @@ def _det(r: dict[str, Any] | None, with_cause: bool = True) -> str:
         return "never"
     out = _ms(r["detection_s"])
     return f"{out} ({r['detection_cause']})" if with_cause and r.get("detection_cause") else out
+
+
+def _needs(r: dict[str, Any] | None) -> str | None:
+    """The cell of a fault not run in `envoy-epp`: what of `serve` it needs."""
+    return f"needs serve ({r['needs_serve']})" if r and r.get("needs_serve") else None
 
 
 def one_line(r: dict[str, Any]) -> str:
@@ -144,10 +154,18 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {title} | {_det(r)} | {_pct(r)} | {_sent(r)} | {'-' if sent is None else sent} "
                 f"| {_ms(r['p99_s'])} | {back} |{tail}"
             )
-    others = [m for m in BASELINES if m in modes]
+    others = [m for m in OTHERS if m in modes]
     if others:
         cols = ["pulsegate", *others] if "pulsegate" in modes else others
         lines += ["", "## Per fault: pulsegate and the baselines (detection / errors / p99)", ""]
+        if "envoy-epp" in modes:
+            lines += [
+                "Envoy + pulsegate epp: a real Envoy on `deploy/envoy/envoy.yaml` carries the "
+                "requests, `pulsegate epp` picks and judges (`chaos.run -m envoy-epp`, not in a "
+                "full run's default modes). The faults about what `serve`'s proxy does after "
+                'the first byte are not run there: "needs serve".',
+                "",
+            ]
         extra = ["run"] if labels else []
         lines.append("| fault | " + " | ".join([*(MODE_NAMES[m] for m in cols), *extra]) + " |")
         lines.append("| --- |" + " --- |" * (len(cols) + len(extra)))
@@ -155,8 +173,8 @@ def markdown(doc: dict[str, Any]) -> str:
             cells = []
             for m in cols:
                 r = _find(runs, f, m)
-                if r is None or not r.get("ok"):
-                    cells.append(_det(r))
+                if r is None or not r.get("ok") or r.get("needs_serve"):
+                    cells.append(_needs(r) or _det(r))
                     continue
                 cells.append(f"{_det(r, with_cause=False)} / {_pct(r)} / {_ms(r['p99_s'])}")
             if labels:
@@ -183,7 +201,7 @@ def _source(rs: Iterable[dict[str, Any] | None], labels: dict[str, str]) -> str:
 def _headline(runs: list[dict[str, Any]], modes: list[str]) -> list[str]:
     """The seeds' table, row for row, with the fault each row is measured on; then issue 21's
     done-when rows, each with its target and, for pulsegate, PASS or MISS."""
-    cols = [m for m in ("pulsegate", "polling", "passive", "round_robin") if m in modes]
+    cols = [m for m in ("pulsegate", *OTHERS) if m in modes]
     rows: list[tuple[str, str, str, str, Any]] = [
         ("failure detection latency (hard failure)", "4,500 ms", "240 ms",
          "engine_kill|link_down", lambda r: _det(r, with_cause=False)),
@@ -221,7 +239,7 @@ def _headline(runs: list[dict[str, Any]], modes: list[str]) -> list[str]:
                 r = _find(runs, k, m)
                 if r is None:
                     continue
-                v = fmt(r) if r.get("ok") else "run failed"
+                v = _needs(r) or (fmt(r) if r.get("ok") else "run failed")
                 if m == "pulsegate" and what in verdicts and r.get("ok"):
                     v += ": **PASS**" if verdicts[what](r) else ": **MISS**"
                 parts.append(f"{v}" if len(keys) == 1 else f"{k}: {v}")

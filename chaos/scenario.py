@@ -22,7 +22,7 @@ import httpx
 
 from chaos import measure
 from chaos.faults import Fault
-from chaos.lab import Lab
+from chaos.lab import JUDGED, Lab
 from chaos.load import Load, Result
 from chaos.tap import Tap
 
@@ -47,7 +47,7 @@ class Settings:
 
 
 def _full(b: dict[str, Any], mode: str) -> bool:
-    if mode == "pulsegate":
+    if mode in JUDGED:
         return b["state"] == "ready" and (b.get("ramp") or 0.0) >= 1.0
     return b["state"] == "ready" and b.get("weight", 0.0) >= 1.0
 
@@ -60,7 +60,8 @@ async def run(
     try:
         gw = await asyncio.to_thread(lab.start_gateway, mode, tag, None, fault.gateway or None)
         ready_s = await asyncio.to_thread(lab.wait_all_ready, 40.0)
-        load = Load(gw.url, rate=s.rate, max_tokens=fault.max_tokens, timeout=s.timeout, seed=seed)
+        load = Load(gw.url, rate=s.rate, max_tokens=fault.max_tokens, timeout=s.timeout, seed=seed,
+                    endpoints=gw.endpoints)  # fmt: skip
         load.start()
         await asyncio.sleep(max(s.pre, fault.pre))
         target, share = _pick_target(s.target, load.results, lab)
@@ -76,7 +77,7 @@ async def run(
         t_lift = time.time()
         await asyncio.to_thread(fault.lift, lab, target)
         t_lifted = time.time()
-        cap = s.recover_max if mode == "pulsegate" else s.recover_max_baseline
+        cap = s.recover_max if mode in JUDGED else s.recover_max_baseline
         recovered_s = await _watch_recovery(lab, mode, target, t_lift, cap)
         results = await load.stop()
         t_end = time.time()
