@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -190,3 +191,47 @@ def sse_events(resp: httpx.Response) -> Iterator[bytes]:
         while b"\n\n" in buf:
             ev, buf = buf.split(b"\n\n", 1)
             yield ev
+
+
+class ClosedLoop:
+    """Closed-loop clients until `stop()`: each worker makes its own client (`client()`) and
+    calls `one(client, n)` (n unique per call) again and again; what it returns goes to
+    `served`, an exception of the kinds in `errors` to `errors` (as its repr)."""
+
+    def __init__(
+        self,
+        client: Callable[[], Any],
+        one: Callable[[Any, int], str],
+        errors: tuple[type[BaseException], ...],
+        workers: int = 4,
+    ) -> None:
+        self.served: list[str] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(client, one, errors, w), daemon=True)
+            for w in range(workers)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(
+        self,
+        client: Callable[[], Any],
+        one: Callable[[Any, int], str],
+        errors: tuple[type[BaseException], ...],
+        w: int,
+    ) -> None:
+        c = client()
+        i = 0
+        while not self._stop.is_set():
+            try:
+                self.served.append(one(c, w * 100_000 + i))
+            except errors as e:
+                self.errors.append(repr(e))
+            i += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=20)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import queue
 import re
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from envoy.service.endpoint.v3 import eds_pb2_grpc
 from pulsegate.announce import LISTENING, host_port, read_until
 from pulsegate.epp import envoy as local_envoy
 from pulsegate.epp.assignment import HEALTHY, TYPE_URL
-from support import Proc, Sim, backend_entry, fast_probes, wait_until
+from support import ClosedLoop, Proc, Sim, backend_entry, fast_probes, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EDS_YAML = ROOT / "deploy" / "envoy" / "envoy-eds.yaml"
@@ -143,33 +142,9 @@ def _chat(client: openai.OpenAI, i: int, **extra: Any) -> str:
     return raw.headers.get("x-gateway-destination-endpoint-served", "")
 
 
-class Load:
-    """Closed-loop clients through Envoy until `stop()`; every error is kept."""
-
-    def __init__(self, st: Stack, workers: int = 4) -> None:
-        self.served: list[str] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(st, w), daemon=True) for w in range(workers)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, st: Stack, w: int) -> None:
-        client = st.client()
-        i = 0
-        while not self._stop.is_set():
-            try:
-                self.served.append(_chat(client, w * 100_000 + i))
-            except openai.OpenAIError as e:
-                self.errors.append(repr(e))
-            i += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=20)
+def Load(st: Stack) -> ClosedLoop:
+    """Closed-loop chat clients through Envoy until `stop()`; every error is kept."""
+    return ClosedLoop(st.client, lambda c, n: _chat(c, n), (openai.OpenAIError,))
 
 
 def test_requests_spread_and_the_model_header_routes(stack: Stack) -> None:

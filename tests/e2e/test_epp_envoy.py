@@ -11,7 +11,6 @@ picker's own answer to an ext_proc exchange. Waits poll with deadlines; nothing 
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pulsegate.epp import envoy as local_envoy
 from pulsegate.epp.ask import ask
-from support import Proc, Sim, backend_entry, fast_probes, wait_until
+from support import ClosedLoop, Proc, Sim, backend_entry, fast_probes, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVOY_YAML = ROOT / "deploy" / "envoy" / "envoy.yaml"
@@ -127,33 +126,9 @@ def _chat(client: openai.OpenAI, i: int, **extra: Any) -> tuple[str, str]:
     return served, raw.parse().choices[0].message.content or ""
 
 
-class Load:
-    """Closed-loop clients through Envoy until `stop()`; every error is kept."""
-
-    def __init__(self, st: Stack, workers: int = 4) -> None:
-        self.served: list[str] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(st, w), daemon=True) for w in range(workers)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, st: Stack, w: int) -> None:
-        client = st.client()
-        i = 0
-        while not self._stop.is_set():
-            try:
-                self.served.append(_chat(client, w * 100_000 + i)[0])
-            except openai.OpenAIError as e:
-                self.errors.append(repr(e))
-            i += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=20)
+def Load(st: Stack) -> ClosedLoop:
+    """Closed-loop chat clients through Envoy until `stop()`; every error is kept."""
+    return ClosedLoop(st.client, lambda c, n: _chat(c, n)[0], (openai.OpenAIError,))
 
 
 def test_grpc_health_serving(stack: Stack) -> None:
