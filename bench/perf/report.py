@@ -1,4 +1,4 @@
-"""Medians over repetitions, ratios to direct and nginx, the issue's targets, the table."""
+"""Medians over repetitions, ratios to direct, nginx and Envoy, the issues' targets, the table."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ import statistics
 from typing import Any
 
 NAN = float("nan")
+# Not pulsegate: the baselines, measured beside it and checked against no target.
+PEERS = ("direct", "nginx", "envoy", "smg")
 
-# Issue 4's targets, checked for every pulsegate target: (key, label, op, bound).
+# Issue 4's targets and issue 23's, checked for every pulsegate target: (key, label, op, bound).
 TARGETS: list[tuple[str, str, str, float]] = [
     ("rps_vs_nginx", "non-streaming throughput vs nginx", ">=", 0.3),
+    ("rps_vs_envoy", "issue 23: non-streaming throughput vs Envoy", ">=", 1.0),
     ("added_rate_p50_ms", "added median latency at the fixed rate (ms)", "<=", 0.3),
     ("ttft_p50_ms", "64 streams: TTFT p50 (ms)", "<=", 3.0),
     ("tok_s_vs_direct", "64 streams: tokens/s vs direct", ">=", 0.95),
@@ -51,7 +54,7 @@ def summarize(raw: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "ejections": r.get("ejections", 0),
         }
         out[name] = s
-    direct, nginx = raw.get("direct"), raw.get("nginx")
+    direct, nginx, envoy = raw.get("direct"), raw.get("nginx"), raw.get("envoy")
     for name, s in out.items():
         r = raw[name]
         if direct is not None and name != "direct":
@@ -64,6 +67,9 @@ def summarize(raw: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if nginx is not None and name not in ("direct", "nginx"):
             s["rps_vs_nginx"] = _paired(r["tput"], nginx["tput"], "rps", _over)
             s["tok_s_vs_nginx"] = _paired(r["stream"], nginx["stream"], "tokens_per_s", _over)
+        if envoy is not None and name not in ("direct", "envoy"):
+            s["rps_vs_envoy"] = _paired(r["tput"], envoy["tput"], "rps", _over)
+            s["tok_s_vs_envoy"] = _paired(r["stream"], envoy["stream"], "tokens_per_s", _over)
     if direct is not None and direct["tput"]:
         # The quietest repetition (direct fastest): least disturbed by other work.
         q = max(range(len(direct["tput"])), key=lambda i: direct["tput"][i]["rps"])
@@ -91,7 +97,7 @@ def _paired(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str, op: Any)
 def check_targets(summary: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     verdicts: dict[str, list[dict[str, Any]]] = {}
     for name, s in summary.items():
-        if name in ("direct", "nginx"):
+        if name in PEERS:
             continue
         rows = []
         for key, label, op, bound in TARGETS:
@@ -120,15 +126,16 @@ def table(summary: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> str:
         f"Non-streaming: wrk -t1 -c{cfg['conns']} {cfg['duration']:g}s; open loop {rate:g} req/s "
         f"for {cfg['rate_duration']:g}s; medians of {cfg['reps']} interleaved repetitions",
         "",
-        f"| target | req/s (min..max) | vs direct | vs nginx | CPU µs/req (min) "
+        f"| target | req/s (min..max) | vs direct | vs nginx | vs envoy | CPU µs/req (min) "
         f"| {rate:g}/s p50 ms "
         f"| {rate:g}/s p99 ms | added p50 ms | added p99 ms | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n, s in summary.items():
         lines.append(
             f"| {n} | {_f(s['rps'], '.0f')} ({_f(s['rps_min'], '.0f')}..{_f(s['rps_max'], '.0f')})"
             f" | {_f(s.get('rps_vs_direct'), '.2f')} | {_f(s.get('rps_vs_nginx'), '.2f')}"
+            f" | {_f(s.get('rps_vs_envoy'), '.2f')}"
             f" | {_f(s['cpu_us_per_req'], '.0f')} ({_f(s['cpu_us_per_req_min'], '.0f')})"
             f" | {_f(s['rate_p50_ms'], '.3f')} | {_f(s['rate_p99_ms'], '.2f')}"
             f" | {_f(s.get('added_rate_p50_ms'), '+.3f')}"
@@ -141,14 +148,15 @@ def table(summary: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> str:
         f"engine ITL {cfg['itl_ms']:g} ms, {cfg['stream_duration']:g}s window; memory",
         "",
         "| target | TTFT p50 ms | TTFT p99 ms | stream p50 ms | tokens/s | vs direct | vs nginx "
-        "| CPU µs/token (min) | peak RSS MB (sum) | largest process MB | processes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| vs envoy | CPU µs/token (min) | peak RSS MB (sum) | largest process MB | processes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n, s in summary.items():
         lines.append(
             f"| {n} | {_f(s['ttft_p50_ms'], '.2f')} | {_f(s['ttft_p99_ms'], '.2f')}"
             f" | {_f(s['stream_p50_ms'], '.0f')} | {_f(s['tokens_per_s'], '.0f')}"
             f" | {_f(s.get('tok_s_vs_direct'), '.3f')} | {_f(s.get('tok_s_vs_nginx'), '.3f')}"
+            f" | {_f(s.get('tok_s_vs_envoy'), '.3f')}"
             f" | {_f(s['cpu_us_per_token'], '.1f')} ({_f(s['cpu_us_per_token_min'], '.1f')})"
             f" | {_f(s['peak_rss_mb'], '.0f')} | {_f(s['peak_rss_max_mb'], '.0f')}"
             f" | {s['processes'] or '-'} |"
@@ -175,7 +183,7 @@ def table(summary: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> str:
 
 
 def targets_table(verdicts: dict[str, list[dict[str, Any]]]) -> str:
-    lines = ["| pulsegate target | issue 4 target | measured | status |", "|---|---|---:|---|"]
+    lines = ["| pulsegate target | issue 4 / 23 target | measured | status |", "|---|---|---:|---|"]
     for name, rows in verdicts.items():
         for r in rows:
             lines.append(f"| {name} | {r['target']} | {_f(r['value'], '.3f')} | {r['status']} |")
