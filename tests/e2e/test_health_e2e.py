@@ -300,15 +300,17 @@ def test_warming_backend_gets_no_traffic_until_ready(
 ) -> None:
     """A warming engine gets no client request until the gateway calls it ready, then it does."""
     sims = {n: start_sim(n, *FAST_SIM) for n in "abc"}
-    sims["c"].fault("warming", seconds=5.0)
-    t = time.time()
-    warming_until = t + httpx.get(f"{sims['c'].url}/sim/fault", timeout=5).json()["remaining_s"]
+    # Warming until the test ends it (a fixed warm-up could end before a loaded box has
+    # started the gateway, and the test would never see it warming).
+    sims["c"].fault("warming", seconds=120.0)
     gw = start_gateway(_config(list(sims.values())))
     gw.wait_state("a", "ready")
     gw.wait_state("b", "ready")
     assert gw.wait_state("c", "warming", "cold")
     lo = load(gw.url)
     wait_until(lambda: lo.served_by("a") + lo.served_by("b") >= 20, what="traffic flowing")
+    warming_until = time.time()
+    sims["c"].fault("none")  # warmed up
     gw.wait_state("c", "ready", timeout=15)
     wait_until(lambda: lo.served_by("c") >= 5, timeout=10, what="c gets traffic once ready")
     results = lo.stop()
