@@ -22,17 +22,18 @@ from pulsegate.clock import Clock
 from pulsegate.health.observations import FirstByteOverdue, Outcome, RequestResult
 from pulsegate.proxy.attempt import AttemptOpener, Failure, Opened
 from pulsegate.proxy.classify import describe
-from pulsegate.proxy.cuts import MALFORMED, NO_DONE, Cut, CutKind, Evidence, failed
+from pulsegate.proxy.client_out import ClientOut
+from pulsegate.proxy.cuts import MALFORMED, NO_DONE, Cut, Evidence, failed
 from pulsegate.proxy.dialects import TYPED, Dialect, for_api
 from pulsegate.proxy.dialects.base import Continuation
 from pulsegate.proxy.dialects.chat import rewrite, track
 from pulsegate.proxy.dialects.token_ids import Ids
 from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
+from pulsegate.proxy.pipe import GO_ON, Framing, Pipe
 from pulsegate.proxy.ports import Outcomes
 from pulsegate.proxy.request import ProxyRequest
 from pulsegate.proxy.sse import Event as SSEEvent
-from pulsegate.proxy.sse import EventTooLarge, SSEParser
 from pulsegate.proxy.sse import plain_sse as _plain_sse
 from pulsegate.proxy.state import ProxyState
 from pulsegate.proxy.stops import StopFilter
@@ -43,11 +44,6 @@ from pulsegate.proxy.watchdog import Closable, Watchdog
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _DONE = b"data: [DONE]\n\n"
-# What reading an event of the wrong shape raises in the trackers: caught once per read, so
-# the usual event pays no check (a `try` costs nothing until it raises).
-_MISSHAPEN = (AttributeError, TypeError, KeyError, IndexError)
-# `Relay._relay`: the upstream may send more (compared by identity, never sent anywhere).
-_GO_ON = Cut(CutKind.FAILED, "")
 
 # Where a broken stream would continue now (a backend not tried yet), or None.
 ContinuationTarget = Callable[[Sequence[str]], Target | None]
@@ -119,6 +115,7 @@ class Relay:
         target, resp, first = opened.target, opened.resp, opened.first
         self.ids = Ids.of(self.req, target, self.settings.resume)
         out = self._out = web.StreamResponse(status=resp.status, headers=headers)
+        self._client = ClientOut()  # the relayed bytes, straight to the transport
         out.headers.update(_SSE_HEADERS)
         if self.proxy.shutting_down:
             out.force_close()  # draining: `Connection: close`, the client reconnects elsewhere
@@ -142,6 +139,7 @@ class Relay:
         held: str | None = target.name  # the backend acquired (in flight) right now
         try:
             await out.prepare(self.request)
+            await self._client.start(out)
             while True:
                 cut = await self._pump(out, target, resp, first, rewriting=self.resumes > 0)
                 resp.close()
@@ -260,59 +258,58 @@ class Relay:
     ) -> Cut | None:
         """Forward one upstream until `[DONE]` (returns None) or it breaks (returns why).
 
-        What one upstream read completes goes to the client in one write (one chunked frame,
-        one send) after all its events were looked at: engines that batch tokens under
-        load cost one write per batch, not one per token."""
+        The bytes go through `pipe.py` in the upstream's callback; this wakes only when the
+        pipe stops (an end, a cut, a client that is behind) or the upstream ends or fails."""
         proxy = self.proxy
         state = self.state
-        parser = SSEParser()
+        client = self._client
         watch = _watchdog(self, target.name, resp)
         proxy.watch_stream(target.name, watch)
-        parts: list[bytes] = []
+        pipe = Pipe(client, watch, state, _framing(self, rewriting))
         try:
+            why = pipe.relay(chunk)
             while True:
-                try:
-                    events = parser.feed(chunk)
-                except EventTooLarge:
-                    return MALFORMED
-                try:
-                    if self.typed:
-                        why = _relay_typed(self.dialect, events, parts, rewriting)
-                    else:
-                        why = self._relay(events, parts, rewriting)
-                except _MISSHAPEN:  # JSON of the wrong shape (`"choices": [1]`): broken too
-                    why = MALFORMED
-                if parts:
-                    watch.holding = True  # a slow client's time is not the engine's
-                    await out.write(parts[0] if len(parts) == 1 else b"".join(parts))
-                    watch.holding = False
-                    watch.touch(state.tokens)
-                    parts.clear()
-                if why is not _GO_ON:
+                if why is not GO_ON:
                     if why is None:
                         resp.release()  # the connection may serve the next request
                     return why
-                try:
+                if client.busy:
+                    watch.holding = True  # a slow client's time is not the engine's
+                    await client.drain()
+                    watch.holding = False
+                    watch.touch(state.tokens)
+                resp.sink(pipe.take)
+                await resp.sinking()
+                resp.unsink()
+                if pipe.error is not None:
+                    raise pipe.error  # the client went away mid-write
+                why = pipe.why
+                if why is not GO_ON or client.busy:
+                    continue
+                try:  # the pipe still open: the upstream ended or failed
                     chunk = await resp.read_chunk()
                 except (UpstreamError, OSError) as e:
                     return watch.cut_by or failed(describe(e))
-                if not chunk:
-                    if state.finished:
-                        # Some engines (transformers serve) never send [DONE]: the
-                        # generation is complete, so end it the OpenAI way.
-                        done = self.dialect.finish() if self.typed else _DONE
-                        state.done = True
-                        await out.write(done)
-                        return None
-                    return watch.cut_by or NO_DONE
-                watch.beat()
+                if chunk:
+                    watch.beat()
+                    why = pipe.relay(chunk)
+                    continue
+                if state.finished:
+                    # Some engines (transformers serve) never send [DONE]: the
+                    # generation is complete, so end it the OpenAI way.
+                    done = self.dialect.finish() if self.typed else _DONE
+                    state.done = True
+                    await out.write(done)
+                    return None
+                return watch.cut_by or NO_DONE
         finally:
+            resp.unsink()
             watch.stop()
             proxy.unwatch_stream(target.name, watch)
 
     def _relay(self, events: list[SSEEvent], parts: list[bytes], rewriting: bool) -> Cut | None:
         """Append to `parts` what the client gets of `events`; returns None after `[DONE]`,
-        a `Cut` when the upstream sent something broken, else `_GO_ON`."""
+        a `Cut` when the upstream sent something broken, else `GO_ON`."""
         state = self.state
         for ev in events:
             data = ev.data
@@ -356,7 +353,7 @@ class Relay:
                     self.ex.tokens_in = usage["prompt_tokens"]
             else:
                 parts.append(raw)  # the pass-through path: the backend's bytes, unchanged
-        return _GO_ON
+        return GO_ON
 
     async def _end_with_error(self, message: str) -> None:
         self.ex.error = "upstream_stream_broken"
@@ -391,6 +388,14 @@ async def _continuation(relay: Relay, target: Target) -> Continuation | None:
     if relay.exact is not None:
         return relay.exact.continuation(relay.doc, relay.req.api, state)
     return relay.dialect.continuation(relay.doc, target.resume)
+
+
+def _framing(relay: Relay, rewriting: bool) -> Framing:
+    """How `relay` makes its client's bytes of an upstream's events (`pipe.py`)."""
+    if relay.typed:
+        dialect = relay.dialect
+        return lambda events, parts: _relay_typed(dialect, events, parts, rewriting)
+    return lambda events, parts: relay._relay(events, parts, rewriting)
 
 
 def _watchdog(relay: Relay, name: str, resp: UpstreamResponse) -> Watchdog:
@@ -458,7 +463,7 @@ def _relay_typed(
             parts.append(ev.raw)
         if state.done:
             return None
-    return _GO_ON
+    return GO_ON
 
 
 def _usage_openai_way(

@@ -22,7 +22,7 @@ maps them to outcomes; all are re-exported by `upstream.py`):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 import httptools
@@ -121,7 +121,13 @@ class ConnPool(Protocol):
 
 class Response:
     """One response. Read it with `read()` (whole) or `read_chunk()` (as it arrives), then
-    `release()` (back to the pool when fully read and keep-alive) or `close()` (abort)."""
+    `release()` (back to the pool when fully read and keep-alive) or `close()` (abort).
+
+    A stream relay hands the body to a `sink` instead: each piece goes to it in the
+    connection's own callback as it arrives, with no future, no task switch and no buffer.
+    The sink returns False to stop (the reader, waiting in `sinking()`, is woken to act);
+    it must not raise. Bytes that come while no sink is set are buffered as for
+    `read_chunk()`, and the next `sink()` call takes them first."""
 
     __slots__ = (
         "_buf",
@@ -133,6 +139,7 @@ class Response:
         "_limit",
         "_paused",
         "_released",
+        "_sink",
         "_size",
         "_until_eof",
         "_waiter",
@@ -157,6 +164,7 @@ class Response:
         self._until_eof = False  # neither Content-Length nor chunked: the body ends at EOF
         self._released = False  # release() came before the end: lingering for it
         self._limit = MAX_BODY_BYTES  # read(): the most it takes
+        self._sink: Callable[[bytes], bool] | None = None
 
     @property
     def buffered(self) -> int:
@@ -199,6 +207,28 @@ class Response:
                 return b""
             await self._wait()
 
+    def sink(self, take: Callable[[bytes], bool]) -> None:
+        """From now on give the body to `take` as it arrives (what is buffered first); until
+        `take` returns False, or `unsink()`."""
+        buf = self._buf
+        if buf:
+            self._buf = []
+            self._size = 0
+            if self._paused:
+                self._resume()
+            if not take(buf[0] if len(buf) == 1 else b"".join(buf)):
+                return
+        self._sink = take
+
+    def unsink(self) -> None:
+        self._sink = None
+
+    async def sinking(self) -> None:
+        """Wait while the sink takes the body: until it stops, or the message ends or
+        fails (then `read_chunk()` says which)."""
+        while self._sink is not None and not self._done and self._exc is None:
+            await self._wait()
+
     def release(self) -> None:
         """Done with it: the connection goes back to the pool if the message is complete and
         keep-alive; a message whose end has not arrived yet lingers for it (`LINGER_S`)."""
@@ -225,6 +255,7 @@ class Response:
         """Abort: the connection is closed, never reused; a pending read raises now."""
         conn = self._conn
         self._conn = None
+        self._sink = None
         if not self._done and self._exc is None:
             self._fail(ConnectionLost("closed by the gateway", got_bytes=True))
         if conn is not None:
@@ -259,6 +290,12 @@ class Response:
             conn.abort()
 
     def _feed(self, data: bytes) -> None:
+        take = self._sink
+        if take is not None:
+            if not take(data):
+                self._sink = None
+                self._wake()
+            return
         self._buf.append(data)
         self._size += len(data)
         if self._whole:
