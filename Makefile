@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install proto demo demo-envoy test lint fmt test-fast clean screenshot bench bench-smoke test-engines chaos soak
+.PHONY: install proto demo demo-envoy test lint fmt test-fast clean screenshot bench bench-smoke test-engines chaos soak bench-scale
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,13 @@ bench: install
 # CI: the same bench with 1 s phases, nothing asserted, so it never rots (~25 s).
 bench-smoke: install
 	$(PY) bench/run.py --smoke
+
+# The scale of one gateway process (issue 23): 10-200 backends idle (probing CPU, RSS), then
+# 64-1,000 streams (RSS per stream, TTFT p99, tokens/s vs direct). ~3 min; --quick < 60 s;
+# bench/results/scale.json (docs/performance.md).
+SCALE_ARGS ?=
+bench-scale: install
+	$(PY) bench/scale.py $(SCALE_ARGS)
 
 # The soak (issue #22): 3 sims, an agent and a gateway under mixed load, a sim fault every
 # minute; RSS, fds and threads sampled. 30 min by default, SOAK_ARGS=--minutes 3 in CI.

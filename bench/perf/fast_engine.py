@@ -7,7 +7,12 @@ under uvloop (~3x the sim) that answers what pulsegate's health machinery asks f
 values) and ``POST /v1/{chat/,}completions``, streamed or not, ``max_tokens`` tokens, the
 first at once and one every ``--itl-ms`` after it. No faults, no queue, no validation.
 
+``--ports K`` listens on K ports in one process (each its own engine to a gateway), for
+`bench/scale.py`'s 200 backends on a 2-core box; every port is written, one a line, to
+``--ports-file`` before the announcement (which names the first).
+
     python bench/perf/fast_engine.py --port 0 --model bench-zero --itl-ms 0
+    python bench/perf/fast_engine.py --ports 200 --ports-file /tmp/ports --model bench-zero
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from pathlib import Path
 from typing import Any
 
 import httptools
@@ -168,16 +174,23 @@ async def main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     pages = Pages(args.model)
     itl_s = args.itl_ms / 1000.0
-    server = await loop.create_server(
-        lambda: Engine(pages, itl_s), args.host, args.port, backlog=1024
-    )
-    port = server.sockets[0].getsockname()[1]
-    print(f"fast engine {args.name} listening on http://{args.host}:{port}", flush=True)
+    servers = []
+    for _ in range(args.ports):
+        server = await loop.create_server(
+            lambda: Engine(pages, itl_s), args.host, args.port, backlog=1024
+        )
+        servers.append(server)
+    ports = [s.sockets[0].getsockname()[1] for s in servers]
+    if args.ports_file:
+        # Written before the announcement, so the reader finds it whole once that arrives.
+        await asyncio.to_thread(Path(args.ports_file).write_text, "".join(f"{p}\n" for p in ports))
+    print(f"fast engine {args.name} listening on http://{args.host}:{ports[0]}", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    server.close()
+    for server in servers:
+        server.close()
 
 
 if __name__ == "__main__":
@@ -187,6 +200,11 @@ if __name__ == "__main__":
     ap.add_argument("--name", default="fast")
     ap.add_argument("--model", default="bench-zero")
     ap.add_argument("--itl-ms", type=float, default=0.0)
+    ap.add_argument("--ports", type=int, default=1, help="listen on this many ports (--port 0)")
+    ap.add_argument("--ports-file", default="", help="write every port here, one a line")
+    cli = ap.parse_args()
+    if cli.ports > 1 and cli.port:
+        ap.error("--ports above 1 needs --port 0")
     import uvloop
 
-    uvloop.run(main(ap.parse_args()))
+    uvloop.run(main(cli))
