@@ -1,7 +1,7 @@
 """The chaos lab's `syn_drop` against pulsegate (issue #21, item 3): TCP SYNs to one node
 dropped in the router namespace while its established connections keep working. It must be
-ejected with cause `connect`, with no client error and nothing sent to it once out. Timing is
-asserted with a generous functional bound; the figures live in docs/connect-evidence.md.
+ejected with cause `connect` while the fault is held (6 s), with no client error and nothing
+sent to it once out. How fast is a figure, not an assert: docs/connect-evidence.md (~1.1-1.7 s).
 About 40 s.
 """
 
@@ -26,9 +26,9 @@ async def test_syn_drop_is_detected_by_connect_evidence(lab: Lab) -> None:
     finally:
         tap.stop()
     assert r["ok"], r.get("error")
-    assert r["detected"], f"never ejected; events: {r['events']}"
+    assert r["detected"], f"not ejected during the hold; events: {r['events']}"
     assert r["detection_cause"] == "connect", r["detection_reason"]
-    assert r["detection_s"] < 4.0  # functional bound; the figure is ~1.1-1.7 s
+    print(f"syn_drop: ejected after {r['detection_s']} s")
     assert r["client_errors"] == 0, r["error_kinds"]
     assert r["requests_during_fault"] > 50
     assert r["sent_after_detection"] == 0
