@@ -43,3 +43,23 @@ def test_snapshot_holds_only_the_proxy_metrics() -> None:
     assert names == {x.name for x in m.summed}
     assert {"pulsegate_requests_total", "pulsegate_request_seconds"} <= names
     assert "pulsegate_ejections_total" not in names
+
+
+def test_a_gone_workers_levels_leave_the_sum() -> None:
+    """Open client connections are a level: a killed worker's die with it, while its
+    refused-connection count (a counter) stays in the total."""
+    workers = [_side()[1], _side()[1]]
+    for i, w in enumerate(workers):
+        w.client_connections.set(10 * (i + 1))
+        w.client_connections_refused.inc()
+    primary, pm, _ = _side()
+    merge = MetricsMerge(pm)
+    merge.update(0, snapshot(workers[0]))
+    merge.update(1, snapshot(workers[1]))
+    assert "pulsegate_client_connections 30" in primary.render()
+    merge.retire(1)
+    text = primary.render()
+    assert "pulsegate_client_connections 10" in text
+    assert "pulsegate_client_connections_refused_total 2" in text
+    merge.update(1, snapshot(_side()[1]))  # the replacement: no connection yet
+    assert "pulsegate_client_connections 10" in primary.render()

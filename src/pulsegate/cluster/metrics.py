@@ -4,7 +4,8 @@ Each worker counts its own requests in its own registry (the proxy path is uncha
 sends the cumulative values of the proxy metrics (`proxy/metrics.py`) every STATS_INTERVAL_S
 and when it stops.
 The primary keeps the latest per worker slot, and a replaced worker's last values in a
-`retired` sum so totals never go backwards; it writes the sums into its own registry's
+`retired` sum so totals never go backwards (its levels, such as open client connections,
+leave the sum: they died with it); it writes the sums into its own registry's
 metrics of the same names, so `/metrics`, `/admin/summary` and the dashboard read them as
 in a single process. The health-side metrics (ejections, probes, heartbeat RTT, gauges)
 are the primary's own.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from pulsegate.observe.metrics import Counter, Histogram
-from pulsegate.proxy.metrics import ProxyMetrics
+from pulsegate.proxy.metrics import Level, ProxyMetrics
 
 # Interval between a worker's metric updates: /metrics is at most this stale.
 STATS_INTERVAL_S = 0.25
@@ -54,6 +55,8 @@ class MetricsMerge:
 
     def __init__(self, metrics: ProxyMetrics) -> None:
         self._targets: dict[str, Counter | Histogram] = {m.name: m for m in metrics.summed}
+        # Levels (gauges) of a gone worker died with it: its open connections are closed.
+        self._levels = frozenset(m.name for m in metrics.summed if isinstance(m, Level))
         self._live: dict[int, Snapshot] = {}
         self._retired: Snapshot = {}
 
@@ -62,10 +65,10 @@ class MetricsMerge:
         self._apply()
 
     def retire(self, slot: int) -> None:
-        """Worker `slot` is gone: its last counts stay in the totals."""
+        """Worker `slot` is gone: its last counts stay in the totals, its levels leave them."""
         snap = self._live.pop(slot, None)
         if snap is not None:
-            _add(self._retired, snap)
+            _add(self._retired, {n: v for n, v in snap.items() if n not in self._levels})
             self._apply()
 
     def _apply(self) -> None:

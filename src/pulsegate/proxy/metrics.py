@@ -15,7 +15,7 @@ from pulsegate.observe.metrics import Counter, Gauge, Histogram, Registry
 class Level(Counter):
     """A gauge the proxy sets as things change (not read at scrape time), so that a primary
     sums it over its workers like the counters (a worker's last value counts until it is
-    replaced: one killed by SIGKILL leaves its last level in the sum)."""
+    replaced; then it leaves the sum, `cluster/metrics.py`)."""
 
     def set(self, value: float, labels: tuple[str, ...] = ()) -> None:
         self.values[labels] = value
