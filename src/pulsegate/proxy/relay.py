@@ -160,12 +160,12 @@ class Relay:
                 if refusal is not None:
                     await self._end_with_error(f"stream from {target.name} {cut}; {refusal}")
                     return
-                if self._all_sent():
+                if self.all_sent():
                     await self._finish()
                     return
                 reopened = await self._reopen()
                 if not isinstance(reopened, Opened):
-                    if self._all_sent():  # counted exactly on the target: nothing is missing
+                    if self.all_sent():  # counted exactly on the target: nothing is missing
                         await self._finish()
                         return
                     why = reopened.detail if reopened is not None else "no healthy backend left"
@@ -231,7 +231,7 @@ class Relay:
             return f"already resumed {self.resumes} time(s)"
         return self.dialect.refusal(self.doc)
 
-    def _may_cut(self) -> bool:
+    def may_cut(self) -> bool:
         """A stall is cut only when the stream could be continued elsewhere right now: with
         no backend to go on, a cut makes a slow but alive stream a client error (the only
         engine left on a starved box, docs/real-engines.md finding 6)."""
@@ -239,7 +239,8 @@ class Relay:
             return False
         return self.continuation_target(self.tried) is not None
 
-    def _all_sent(self) -> bool:
+    def all_sent(self) -> bool:
+        """Every token the client asked for has reached it."""
         left = self.dialect.remaining(self.doc)
         return left is not None and left <= 0
 
@@ -307,7 +308,7 @@ class Relay:
             watch.stop()
             proxy.unwatch_stream(target.name, watch)
 
-    def _relay(self, events: list[SSEEvent], parts: list[bytes], rewriting: bool) -> Cut | None:
+    def frame(self, events: list[SSEEvent], parts: list[bytes], rewriting: bool) -> Cut | None:
         """Append to `parts` what the client gets of `events`; returns None after `[DONE]`,
         a `Cut` when the upstream sent something broken, else `GO_ON`."""
         state = self.state
@@ -382,7 +383,7 @@ async def _continuation(relay: Relay, target: Target) -> Continuation | None:
         counted = await relay.opener.count_tokens(target, relay.req.model, state.sent_text(0))
         if counted is not None:
             state.tokens = counted
-    if relay._all_sent():
+    if relay.all_sent():
         return None
     state.tokens_before = state.tokens
     if relay.exact is not None:
@@ -395,7 +396,7 @@ def _framing(relay: Relay, rewriting: bool) -> Framing:
     if relay.typed:
         dialect = relay.dialect
         return lambda events, parts: _relay_typed(dialect, events, parts, rewriting)
-    return lambda events, parts: relay._relay(events, parts, rewriting)
+    return lambda events, parts: relay.frame(events, parts, rewriting)
 
 
 def _watchdog(relay: Relay, name: str, resp: UpstreamResponse) -> Watchdog:
@@ -407,7 +408,7 @@ def _watchdog(relay: Relay, name: str, resp: UpstreamResponse) -> Watchdog:
         relay.clock,
         resp,
         s.stall,
-        relay._may_cut,
+        relay.may_cut,
         relay.deadline,
         rhythm,
         s.stall_floor,
@@ -432,7 +433,7 @@ def _blame(outcomes: Outcomes, stall: float, name: str, cut: Cut) -> None:
 def _relay_typed(
     dialect: Dialect, events: list[SSEEvent], parts: list[bytes], rewriting: bool
 ) -> Cut | None:
-    """`Relay._relay` for a typed stream (Responses, Messages): the first upstream's events
+    """`Relay.frame` for a typed stream (Responses, Messages): the first upstream's events
     pass byte for byte while the dialect notes them, a continuation's are rewritten by it;
     None once the terminal event went out."""
     state = dialect.state
