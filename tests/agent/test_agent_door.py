@@ -114,11 +114,10 @@ async def test_second_micro_inference_while_one_runs_is_busy_at_once(
         )
         async with stream(agent) as call:
             await ping(call, 1, kind=pb.Ping.MICRO_INFERENCE, timeout_ms=2000)
-            t0 = time.monotonic()
             await ping(call, 2, kind=pb.Ping.MICRO_INFERENCE, timeout_ms=2000)
             busy = await asyncio.wait_for(call.read(), timeout=2.0)
+            # The first answer is the second ping's, busy: not queued behind the first (1 s).
             assert busy.seq == 2 and busy.busy and not busy.ok
-            assert time.monotonic() - t0 < 0.8  # not queued behind the first (1 s)
             done = await asyncio.wait_for(call.read(), timeout=3.0)
             assert done.seq == 1 and done.ok and not done.busy
             # once it is done, the next one runs
