@@ -194,13 +194,8 @@ class Response:
     async def read_chunk(self) -> bytes:
         """What has arrived since the last call (waiting for some); b"" at the end."""
         while True:
-            buf = self._buf
-            if buf:
-                self._buf = []
-                self._size = 0
-                if self._paused:
-                    self._resume()
-                return buf[0] if len(buf) == 1 else b"".join(buf)
+            if self._buf:
+                return self._unbuffer()
             if self._exc is not None:
                 raise self._exc
             if self._done:
@@ -210,15 +205,18 @@ class Response:
     def sink(self, take: Callable[[bytes], bool]) -> None:
         """From now on give the body to `take` as it arrives (what is buffered first); until
         `take` returns False, or `unsink()`."""
-        buf = self._buf
-        if buf:
-            self._buf = []
-            self._size = 0
-            if self._paused:
-                self._resume()
-            if not take(buf[0] if len(buf) == 1 else b"".join(buf)):
-                return
+        if self._buf and not take(self._unbuffer()):
+            return
         self._sink = take
+
+    def _unbuffer(self) -> bytes:
+        """What is buffered (some is), joined; reading resumes if it was paused."""
+        buf = self._buf
+        self._buf = []
+        self._size = 0
+        if self._paused:
+            self._resume()
+        return buf[0] if len(buf) == 1 else b"".join(buf)
 
     def unsink(self) -> None:
         self._sink = None
