@@ -742,19 +742,18 @@ def test_a_tls_backend_gets_at_least_the_tls_floor_to_connect() -> None:
 # -- the sink (a stream relay takes the body in the connection's callback) --------------------
 
 
-def _chunked_server(pieces: list[bytes], go: asyncio.Event, end: str) -> Handler:
-    """Answers one request chunked: `pieces[0]` at once, the rest once `go` is set, one
-    per write; then the terminating chunk (`end` "done"), or a reset ("reset")."""
+def _chunked_server(batches: list[list[bytes]], steps: list[asyncio.Event], end: str) -> Handler:
+    """Answers one request chunked: each batch's chunks in one write, the next batch once
+    the next step is set; then the terminating chunk (`end` "done") or a reset ("reset")."""
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
         srv: Server = handler.server  # type: ignore[attr-defined]
         await srv.read_request(r)
         w.write(OK + b"Transfer-Encoding: chunked\r\n\r\n")
-        for i, p in enumerate(pieces):
-            w.write(b"%x\r\n%b\r\n" % (len(p), p))
+        for batch, step in zip(batches, steps, strict=True):
+            w.write(b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in batch))
             await w.drain()
-            if i == 0:
-                await go.wait()
+            await step.wait()
         if end == "reset":
             w.transport.abort()
             return
@@ -770,32 +769,30 @@ def _keep(got: list[bytes], b: bytes, go_on: bool) -> bool:
     return go_on
 
 
-async def test_a_sink_takes_the_body_as_it_arrives_and_stops_when_told() -> None:
-    """What came before the sink is its first piece; later pieces reach it in the
-    connection's callback; returning False stops it and wakes `sinking()`, and what comes
-    next is buffered for `read_chunk()` or the next `sink()`; the end wakes it too."""
-    pieces = [b"first", b"second", b"stop", b"after", b"last"]
-    go = asyncio.Event()
-    srv = await start(_chunked_server(pieces, go, "done"))
+async def test_a_sink_takes_each_read_whole_and_stops_when_told() -> None:
+    """What came before the sink is its first piece; then each socket read reaches it in
+    the connection's callback as one piece (two chunks of one write: one call); returning
+    False stops it and wakes `sinking()`, and what comes next is buffered for the next
+    `sink()`; the end wakes it too."""
+    batches = [[b"first"], [b"second", b"stop"], [b"after", b"last"]]
+    steps = [asyncio.Event() for _ in batches]
+    srv = await start(_chunked_server(batches, steps, "done"))
     try:
         async with client() as up:
             resp = await _pool(up, srv).post("/v1/completions", b"{}")
             await poll(lambda: resp.buffered == len(b"first"))
             got: list[bytes] = []
-
-            def take(b: bytes) -> bool:
-                got.append(b)
-                return b != b"stop"
-
-            resp.sink(take)
+            resp.sink(lambda b: _keep(got, b, b"stop" not in b))
             assert got == [b"first"]
-            go.set()
+            steps[0].set()
             await asyncio.wait_for(resp.sinking(), 5)
-            assert got == [b"first", b"second", b"stop"]  # stopped: nothing more taken
-            await poll(lambda: resp.buffered == len(b"afterlast"))
+            assert got == [b"first", b"secondstop"]  # one read, one piece; then stopped
+            steps[1].set()
+            await poll(lambda: resp.buffered == len(b"afterlast"))  # no sink: buffered
             resp.sink(lambda b: _keep(got, b, False))  # takes it, stops at once
             assert got[-1] == b"afterlast"
-            resp.sink(take)
+            resp.sink(lambda b: _keep(got, b, True))
+            steps[2].set()
             await asyncio.wait_for(resp.sinking(), 5)  # the message ended
             resp.unsink()
             assert await resp.read_chunk() == b""
@@ -807,14 +804,15 @@ async def test_a_sink_takes_the_body_as_it_arrives_and_stops_when_told() -> None
 async def test_a_failing_upstream_wakes_the_sinking_reader() -> None:
     """A reset while the sink takes the body: `sinking()` returns and `read_chunk()`
     raises what broke."""
-    go = asyncio.Event()
-    srv = await start(_chunked_server([b"one", b"two"], go, "reset"))
+    steps = [asyncio.Event(), asyncio.Event()]
+    srv = await start(_chunked_server([[b"one"], [b"two"]], steps, "reset"))
     try:
         async with client() as up:
             resp = await _pool(up, srv).post("/v1/completions", b"{}")
             got: list[bytes] = []
             resp.sink(lambda b: _keep(got, b, True))
-            go.set()
+            for step in steps:
+                step.set()
             await asyncio.wait_for(resp.sinking(), 5)
             resp.unsink()
             with pytest.raises(ConnectionLost):

@@ -123,8 +123,8 @@ class Response:
     """One response. Read it with `read()` (whole) or `read_chunk()` (as it arrives), then
     `release()` (back to the pool when fully read and keep-alive) or `close()` (abort).
 
-    A stream relay hands the body to a `sink` instead: each piece goes to it in the
-    connection's own callback as it arrives, with no future, no task switch and no buffer.
+    A stream relay hands the body to a `sink` instead: what each socket read brings goes to
+    it in the connection's own callback, in one piece, with no future and no task switch.
     The sink returns False to stop (the reader, waiting in `sinking()`, is woken to act);
     it must not raise. Bytes that come while no sink is set are buffered as for
     `read_chunk()`, and the next `sink()` call takes them first."""
@@ -288,14 +288,10 @@ class Response:
             conn.abort()
 
     def _feed(self, data: bytes) -> None:
-        take = self._sink
-        if take is not None:
-            if not take(data):
-                self._sink = None
-                self._wake()
-            return
         self._buf.append(data)
         self._size += len(data)
+        if self._sink is not None:
+            return  # handed over whole at the end of the socket read (`_flush`)
         if self._whole:
             if self._size > self._limit:
                 self._too_large()
@@ -308,6 +304,15 @@ class Response:
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def _flush(self) -> None:
+        """The end of one socket read: a sink gets all the body pieces it held (a chunked
+        body is a piece per chunk: an engine that sends 19 tokens in one read costs one
+        client write, not 19)."""
+        take = self._sink
+        if take is not None and self._buf and not take(self._unbuffer()):
+            self._sink = None
+            self._wake()
 
     def _complete(self, keep_alive: bool) -> None:
         self._done = True
@@ -390,7 +395,8 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self.resp is None:
+        resp = self.resp
+        if resp is None:
             self.abort()  # bytes nobody asked for (an idle connection): never reuse it
             return
         self.got_bytes = True
@@ -407,6 +413,8 @@ class Connection(asyncio.Protocol):
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._refuse(f"headers exceed {MAX_HEAD_BYTES} bytes")
+                return
+        resp._flush()  # a sink gets what this read completed, in one piece
 
     def _refuse(self, why: str) -> None:
         resp = self.resp
