@@ -19,6 +19,7 @@ from pulsegate.admin import READ_METHODS, Admin, browser_refusal
 from pulsegate.config import Config
 from pulsegate.observe.dashboard import register as register_dashboard
 from pulsegate.observe.view import GatewayView
+from pulsegate.proxy.client_out import AioIncoming, AioStream
 from pulsegate.proxy.errors import error_response, reshape
 from pulsegate.proxy.forward import Forwarder
 from pulsegate.proxy.ports import Verdicts
@@ -92,9 +93,14 @@ def build_app(
             api = API[path]
 
             async def handle(request: web.Request) -> web.StreamResponse:
-                resp = reshape(await side.forwarder.handle(request, path), api)
+                answer = await side.forwarder.handle(AioIncoming(request), path)
+                if isinstance(answer, AioStream):
+                    return answer.response  # relayed; `Connection: close` said at its start
+                resp = reshape(answer, api) if isinstance(answer, web.Response) else None
+                if resp is None:  # pragma: no cover - aiohttp's requests stream through aiohttp
+                    raise RuntimeError(f"an aiohttp request answered by {type(answer).__name__}")
                 if state.shutting_down:
-                    resp.force_close()  # a stream said so when it began (`relay.py`)
+                    resp.force_close()
                 return resp
 
             return handle

@@ -1,24 +1,33 @@
-"""A relayed stream's bytes to the client: written straight to the transport, synchronously.
+"""The client's side of a proxied request, whichever HTTP server read it.
 
-aiohttp's `StreamResponse.write` cost about 5 µs of each relayed token (docs/performance.md,
-"Where the time goes"): two coroutines, the writer's checks, the chunk header formatted as a
-str and encoded, a `writelines`. And being a coroutine, it kept the relay a coroutine per
-token. Once the response head is out a token needs one thing: its bytes framed as one chunk
-in one `transport.write`, which can be done from the upstream connection's callback
-(`Response.sink`), with no task switch at all.
+Two servers hand the proxy path its requests: the lean one (`client_conn.py`, the proxied
+POSTs on every connection) and aiohttp (what the lean one does not take: other paths, an
+unusual head, `Expect`, chunked uploads). The forwarder sees either through `Incoming`
+(the head's headers, the body) and answers a stream through `StreamOut`; a whole answer
+is a `web.Response` for both (the lean server writes its status, headers and body).
 
-`start()` sends the head through aiohttp (which holds it back to send it with the first body
-bytes); from then on `write()` frames (chunked on HTTP/1.1, raw on HTTP/1.0's
+`AioIncoming` and `AioStream` are aiohttp's. aiohttp's `StreamResponse.write` cost about
+5 µs of each relayed token (docs/performance.md, "Where the time goes"): two coroutines,
+the writer's checks, the chunk header formatted as a str and encoded, a `writelines`. And
+being a coroutine, it kept the relay a coroutine per token. Once the response head is out
+a token needs one thing: its bytes framed as one chunk in one `transport.write`, which can
+be done from the upstream connection's callback (`Response.sink`), with no task switch at
+all.
+
+`AioStream.start()` sends the head through aiohttp (which holds it back to send it with
+the first body bytes); from then on `write()` frames (chunked on HTTP/1.1, raw on HTTP/1.0's
 body-until-close) and writes. It never waits: `busy` says the client's transport holds more
 than `LIMIT` bytes (aiohttp's own threshold), and the relay then stops taking bytes from the
 upstream and awaits `drain()`. A client that went away raises aiohttp's
-`ClientConnectionResetError`, as `write` did. The ending (`write_eof`, a last error event)
-still goes through aiohttp: the frames are in order on the one transport either way.
+`ClientConnectionResetError`, as `write` did. The ending (`send`, `end`) still goes
+through aiohttp: the frames are in order on the one transport either way.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import Protocol
 
 from aiohttp import ClientConnectionResetError, web
 from aiohttp.http_writer import StreamWriter
@@ -26,6 +35,113 @@ from aiohttp.http_writer import StreamWriter
 # Bytes queued on the client's transport before the relay waits for the client (aiohttp's
 # `StreamWriter.write` limit).
 LIMIT = 0x10000
+
+
+class BodyTooLarge(Exception):
+    """The request body is past `gateway.max_body_bytes`."""
+
+
+class StreamOut(Protocol):
+    """A stream's answer to the client: the head, body bytes framed and written at once
+    (`write`, never waiting: `busy` then says to `drain`), awaited writes and the end."""
+
+    status: int
+
+    async def start(self) -> None: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def end(self) -> None: ...
+
+
+class Incoming(Protocol):
+    """A request as the forwarder reads it: header names in lower case."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content_length(self) -> int | None: ...
+
+    def body_arrived(self) -> bool: ...
+
+    async def read(self) -> bytes:
+        """The whole body; raises `BodyTooLarge`."""
+        ...
+
+    def stream_out(self, status: int, headers: Mapping[str, str], close: bool) -> StreamOut: ...
+
+
+class AioIncoming:
+    """An aiohttp request (its server refuses an oversize body while reading)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.request.headers
+
+    @property
+    def content_length(self) -> int | None:
+        return self.request.content_length
+
+    def body_arrived(self) -> bool:
+        return self.request.content.is_eof()
+
+    async def read(self) -> bytes:
+        try:
+            return await self.request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BodyTooLarge from None
+
+    def stream_out(self, status: int, headers: Mapping[str, str], close: bool) -> AioStream:
+        return AioStream(self.request, status, headers, close)
+
+
+class AioStream:
+    """A stream answered through aiohttp: `response` is what its handler returns."""
+
+    __slots__ = ("_client", "_request", "response", "status")
+
+    def __init__(
+        self, request: web.Request, status: int, headers: Mapping[str, str], close: bool
+    ) -> None:
+        self._request = request
+        self.status = status
+        self.response = web.StreamResponse(status=status, headers=headers)
+        if close:
+            self.response.force_close()  # `Connection: close`
+        self._client = ClientOut()
+
+    async def start(self) -> None:
+        await self.response.prepare(self._request)
+        await self._client.start(self.response)
+
+    @property
+    def busy(self) -> bool:
+        return self._client.busy
+
+    def write(self, data: bytes) -> None:
+        self._client.write(data)
+
+    async def drain(self) -> None:
+        await self._client.drain()
+
+    async def send(self, data: bytes) -> None:
+        await self.response.write(data)
+
+    async def end(self) -> None:
+        await self.response.write_eof()
 
 
 class ClientOut:

@@ -28,6 +28,7 @@ from pulsegate.proxy.affinity import (
 )
 from pulsegate.proxy.attempt import AttemptOpener, Failure
 from pulsegate.proxy.budget import RetryBudget
+from pulsegate.proxy.client_out import BodyTooLarge, Incoming, StreamOut
 from pulsegate.proxy.dialects.token_ids import first_body
 from pulsegate.proxy.errors import error_response
 from pulsegate.proxy.exchange import CLIENT_CLOSED, Door, Exchange, Recorder
@@ -48,6 +49,9 @@ from pulsegate.proxy.state import ProxyState
 from pulsegate.proxy.stops import cut_answer
 from pulsegate.proxy.targets import Target
 from pulsegate.proxy.upstream import Response as UpstreamResponse
+
+# What the forwarder answers: a whole answer, or a stream already relayed.
+Answer = web.Response | StreamOut
 
 # Response headers from the backend that we pass on; everything else (hop-by-hop,
 # server identity, content-length recomputed by aiohttp's server) is dropped.
@@ -118,7 +122,7 @@ class Forwarder:
         )
         self.outcomes = outcomes
 
-    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def handle(self, request: Incoming, path: str) -> Answer:
         clock = self.clock
         headers = request.headers
         ex = Exchange(clock.now(), time.time(), path, API.get(path, path))
@@ -138,7 +142,7 @@ class Forwarder:
             for r in self.recorders:
                 r.record(ex)
 
-    async def _handle(self, request: web.Request, path: str, ex: Exchange) -> web.StreamResponse:
+    async def _handle(self, request: Incoming, path: str, ex: Exchange) -> Answer:
         door = self.door
         if door is not None:
             refused = door.identify(request.headers, ex)
@@ -149,12 +153,12 @@ class Forwarder:
         if cl is not None and cl > max_body:
             return _rejected(too_large(max_body), ex)
         try:
-            if request.content.is_eof():  # the body came with the head (most): no timer
+            if request.body_arrived():  # the body came with the head (most): no timer
                 body = await request.read()
             else:
                 async with asyncio.timeout(self.body_timeout):
                     body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+        except BodyTooLarge:
             return _rejected(too_large(max_body), ex)
         except TimeoutError:
             return _rejected(body_too_slow(self.body_timeout), ex)
@@ -171,9 +175,7 @@ class Forwarder:
 
     # -- routing and retries --------------------------------------------------------------
 
-    async def route(
-        self, request: web.Request, req: ProxyRequest, ex: Exchange
-    ) -> web.StreamResponse:
+    async def route(self, request: Incoming, req: ProxyRequest, ex: Exchange) -> Answer:
         """Try backends until one answers; never one in `req.avoid` (it cannot serve this
         request: `n` beyond its `max_n`)."""
         now = self.clock.now
@@ -234,8 +236,8 @@ class Forwarder:
         return final[0]
 
     async def _attempt(
-        self, request: web.Request, target: Target, req: ProxyRequest, ex: Exchange
-    ) -> web.StreamResponse | Failure:
+        self, request: Incoming, target: Target, req: ProxyRequest, ex: Exchange
+    ) -> Answer | Failure:
         state = self.state
         name = target.name
         tried = ex.backends

@@ -6,17 +6,18 @@ coroutines. A `Pipe` is what that loop did, as plain calls: `take` is the upstre
 response's sink (`Response.sink`), run in its connection's `data_received`; it parses what
 the bytes complete (`sse.py`), lets the relay's framing decide the client's bytes (`relay`,
 the pass-through, a continuation's rewrite, a typed dialect) and writes them at once
-(`client_out.py`): one write per upstream read, as before. The relay's coroutine sleeps
-until the pipe stops: `[DONE]` (`why` None), a broken upstream (`why` a `Cut`), a client
-that is behind (`ClientOut.busy`: the coroutine waits for it), or a client that went away
-(`error`, raised again by the coroutine: nothing may raise into the upstream's callback).
+(`StreamOut.write`, `client_out.py`): one write per upstream read, as before. The relay's
+coroutine sleeps until the pipe stops: `[DONE]` (`why` None), a broken upstream (`why` a
+`Cut`), a client that is behind (`StreamOut.busy`: the coroutine waits for it), or a client
+that went away (`error`, raised again by the coroutine: nothing may raise into the
+upstream's callback).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from pulsegate.proxy.client_out import ClientOut
+from pulsegate.proxy.client_out import StreamOut
 from pulsegate.proxy.cuts import MALFORMED, Cut, CutKind
 from pulsegate.proxy.dialects.base import StreamState
 from pulsegate.proxy.sse import Event, EventTooLarge, SSEParser
@@ -37,7 +38,7 @@ class Pipe:
     __slots__ = ("_client", "_framing", "_parser", "_parts", "_state", "_watch", "error", "why")
 
     def __init__(
-        self, client: ClientOut, watch: Watchdog, state: StreamState, framing: Framing
+        self, client: StreamOut, watch: Watchdog, state: StreamState, framing: Framing
     ) -> None:
         self._client = client
         self._watch = watch

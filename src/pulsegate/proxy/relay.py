@@ -4,8 +4,9 @@
 watchdog (`watchdog.py`), and when it breaks continues on another backend (see `resume.py`
 for how the continuation is built): it asks its continuation-target callable for a backend
 and opens it with the attempt opener, the same one every first attempt uses. A client
-disconnect cancels the handler (aiohttp's handler cancellation), which closes the upstream
-in `finally`: no orphaned generation.
+disconnect cancels the handler (either server's handler cancellation), which closes the
+upstream in `finally`: no orphaned generation. The client's side is a `StreamOut`
+(`client_out.py`), the lean server's or aiohttp's.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from pulsegate.clock import Clock
 from pulsegate.health.observations import FirstByteOverdue, Outcome, RequestResult
 from pulsegate.proxy.attempt import AttemptOpener, Failure, Opened
 from pulsegate.proxy.classify import describe
-from pulsegate.proxy.client_out import ClientOut
+from pulsegate.proxy.client_out import Incoming, StreamOut
 from pulsegate.proxy.cuts import MALFORMED, NO_DONE, Cut, Evidence, failed
 from pulsegate.proxy.dialects import TYPED, Dialect, for_api
 from pulsegate.proxy.dialects.base import Continuation
@@ -69,7 +69,7 @@ class StreamSettings:
 class Relay:
     def __init__(
         self,
-        request: web.Request,
+        request: Incoming,
         req: ProxyRequest,
         ex: Exchange,
         settings: StreamSettings,
@@ -109,16 +109,14 @@ class Relay:
         # A stalled stream with nowhere to continue waits at most until then.
         self.deadline = clock.now() + settings.request_timeout
 
-    async def run(self, opened: Opened, headers: dict[str, str]) -> web.StreamResponse:
+    async def run(self, opened: Opened, headers: dict[str, str]) -> StreamOut:
         """Relay `opened` and any continuations. The caller acquired its backend; the relay
         releases every backend it used."""
         target, resp, first = opened.target, opened.resp, opened.first
         self.ids = Ids.of(self.req, target, self.settings.resume)
-        out = self._out = web.StreamResponse(status=resp.status, headers=headers)
-        self._client = ClientOut()  # the relayed bytes, straight to the transport
-        out.headers.update(_SSE_HEADERS)
-        if self.proxy.shutting_down:
-            out.force_close()  # draining: `Connection: close`, the client reconnects elsewhere
+        headers.update(_SSE_HEADERS)
+        # Draining: `Connection: close`, the client reconnects elsewhere.
+        out = self._out = self.request.stream_out(resp.status, headers, self.proxy.shutting_down)
         try:
             await self._relay_all(out, target, resp, first)
             return out
@@ -133,19 +131,18 @@ class Relay:
                     a.end = end
 
     async def _relay_all(
-        self, out: web.StreamResponse, target: Target, resp: UpstreamResponse, first: bytes
+        self, out: StreamOut, target: Target, resp: UpstreamResponse, first: bytes
     ) -> None:
         proxy, metrics, model = self.proxy, self.metrics, self.req.model
         held: str | None = target.name  # the backend acquired (in flight) right now
         try:
-            await out.prepare(self.request)
-            await self._client.start(out)
+            await out.start()
             while True:
                 cut = await self._pump(out, target, resp, first, rewriting=self.resumes > 0)
                 resp.close()
                 if cut is None:
                     metrics.requests.inc((target.name, model, str(resp.status)))
-                    await out.write_eof()
+                    await out.end()
                     return
                 _blame(self.outcomes, self.settings.stall, target.name, cut)
                 broken = self.ex.attempts[-1]
@@ -246,12 +243,12 @@ class Relay:
 
     async def _finish(self) -> None:
         """Every requested token reached the client: only the ending was lost."""
-        await self._out.write(self.dialect.finish())
-        await self._out.write_eof()
+        await self._out.send(self.dialect.finish())
+        await self._out.end()
 
     async def _pump(
         self,
-        out: web.StreamResponse,
+        out: StreamOut,
         target: Target,
         resp: UpstreamResponse,
         chunk: bytes,
@@ -263,7 +260,7 @@ class Relay:
         pipe stops (an end, a cut, a client that is behind) or the upstream ends or fails."""
         proxy = self.proxy
         state = self.state
-        client = self._client
+        client = out
         watch = _watchdog(self, target.name, resp)
         proxy.watch_stream(target.name, watch)
         pipe = Pipe(client, watch, state, _framing(self, rewriting))
@@ -300,7 +297,7 @@ class Relay:
                     # generation is complete, so end it the OpenAI way.
                     done = self.dialect.finish() if self.typed else _DONE
                     state.done = True
-                    await out.write(done)
+                    await out.send(done)
                     return None
                 return watch.cut_by or NO_DONE
         finally:
@@ -359,8 +356,8 @@ class Relay:
     async def _end_with_error(self, message: str) -> None:
         self.ex.error = "upstream_stream_broken"
         with contextlib.suppress(ConnectionError, RuntimeError):
-            await self._out.write(self.dialect.error(message))
-            await self._out.write_eof()
+            await self._out.send(self.dialect.error(message))
+            await self._out.end()
 
 
 async def _continuation(relay: Relay, target: Target) -> Continuation | None:
