@@ -7,8 +7,10 @@ Nothing here sleeps to let things settle: `wait_until` polls a condition with a 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httptools
 import httpx
 import yaml
 
@@ -235,3 +238,56 @@ class ClosedLoop:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=20)
+
+
+class Reply:
+    """The responses read on one raw socket, parsed (httptools), and whether the server
+    closed it."""
+
+    def __init__(self) -> None:
+        self.statuses: list[int] = []
+        self.bodies: list[bytes] = []
+        self.headers: list[dict[str, str]] = []
+        self.closed = False
+        self._body = b""
+        self._head: dict[str, str] = {}
+        self._name = b""
+        self._p = httptools.HttpResponseParser(self)
+
+    def feed(self, data: bytes) -> None:
+        self._p.feed_data(data)
+
+    def on_message_begin(self) -> None:
+        self._body, self._head = b"", {}
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head[name.decode().lower()] = value.decode()
+
+    def on_body(self, b: bytes) -> None:
+        self._body += b
+
+    def on_message_complete(self) -> None:
+        self.statuses.append(self._p.get_status_code())
+        self.bodies.append(self._body)
+        self.headers.append(self._head)
+
+    def code(self, i: int = -1) -> object:
+        return json.loads(self.bodies[i])["error"]["code"]
+
+
+def read_replies(s: socket.socket, reply: Reply, want: int, wait: float = 10.0) -> Reply:
+    """Read until `want` responses in all or the gateway closed, within `wait` seconds."""
+    s.settimeout(wait)
+    deadline = time.monotonic() + wait
+    while len(reply.statuses) < want and time.monotonic() < deadline:
+        try:
+            data = s.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        except TimeoutError:
+            break
+        if not data:
+            reply.closed = True
+            break
+        reply.feed(data)
+    return reply

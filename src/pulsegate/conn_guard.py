@@ -37,6 +37,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar, cast
 
+from pulsegate.proxy.client_conn import ClientConn, LeanServer
 from pulsegate.proxy.errors import error_body
 from pulsegate.proxy.metrics import ProxyMetrics
 
@@ -103,7 +104,8 @@ def sweep_period(header_timeout: float) -> float:
 
 class ConnGuard:
     """The cap and the header deadline of one listening socket's connections. `inner` makes
-    the protocol that serves a connection (aiohttp's `web.Server`); `now` is the loop's
+    the protocol that serves a connection (aiohttp's `web.Server`); `lean`, when given,
+    serves the proxied POSTs beside it (`proxy/client_conn.py`); `now` is the loop's
     clock."""
 
     def __init__(
@@ -113,8 +115,10 @@ class ConnGuard:
         header_timeout: float,
         now: Callable[[], float],
         metrics: ProxyMetrics | None = None,
+        lean: LeanServer | None = None,
     ) -> None:
         self.inner = inner
+        self.lean = lean
         self.cap = cap
         self.header_timeout = header_timeout
         self.now = now
@@ -194,18 +198,19 @@ class ConnGuard:
             conn.head_since = None
             self.heads.pop(conn, None)
 
-    def end(self, conn: Conn, body: Body) -> None:
+    def end(self, conn: Conn, body: Body | None = None) -> None:
         """The handler is done; `body` is its request's: bytes still due for it are not a
-        head."""
+        head (None: a lean request's, which closes its connection then)."""
         conn.active -= 1
-        if not body.is_eof():
+        if body is not None and not body.is_eof():
             conn.draining = body
 
 
 class Conn(asyncio.Protocol):
-    """A served connection: aiohttp's protocol, with the start of each head noted."""
+    """A served connection: aiohttp's protocol, with the start of each head noted, and the
+    lean server's side (`lean`) offered each head first."""
 
-    __slots__ = ("active", "draining", "guard", "head_since", "inner", "transport")
+    __slots__ = ("active", "draining", "guard", "head_since", "inner", "lean", "transport")
 
     def __init__(self, guard: ConnGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard
@@ -214,13 +219,21 @@ class Conn(asyncio.Protocol):
         self.head_since: float | None = None
         self.active = 0  # request handlers running (aiohttp runs one at a time)
         self.draining: Body | None = None  # a body its handler left unread
+        self.lean: ClientConn | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.guard.made(self)
+        t = self.transport = cast(asyncio.Transport, transport)
+        g = self.guard
+        g.made(self)
         self.inner.connection_made(transport)
+        if g.lean is not None:
+            self.lean = ClientConn(g.lean, self, t)
 
     def data_received(self, data: bytes) -> None:
+        lean = self.lean
+        if lean is not None and lean.busy:  # a head it holds, or its request's bytes
+            lean.take(data)
+            return
         if (
             self.head_since is None
             and not self.active
@@ -230,7 +243,16 @@ class Conn(asyncio.Protocol):
             g = self.guard
             self.head_since = t = g.now()
             g.heads[self] = t
+            if lean is not None and lean.take(data):
+                return
         self.inner.data_received(data)
+
+    def begin(self) -> None:
+        """A lean request's head is whole (`client_conn.py`)."""
+        self.guard.begin(self)
+
+    def end(self) -> None:
+        self.guard.end(self)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
@@ -238,12 +260,16 @@ class Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.guard.lost(self)
         self.inner.connection_lost(exc)
+        if self.lean is not None:
+            self.lean.lost()
 
     def pause_writing(self) -> None:
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
         self.inner.resume_writing()
+        if self.lean is not None:
+            self.lean.resume_writing()
 
     def expire(self, answer: bytes) -> None:
         """The head took too long: `answer` (a 408), then closed. The transport flushes the

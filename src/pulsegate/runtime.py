@@ -33,6 +33,7 @@ from aiohttp import web
 
 from pulsegate.config.schema import GatewayConfig
 from pulsegate.conn_guard import Conn, ConnGuard, fd_cap, sweep_period
+from pulsegate.proxy.client_conn import LeanServer, Routes, lean_usable
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.state import ProxyState
 
@@ -171,12 +172,18 @@ def tcp_site(runner: web.AppRunner, host: str, port: int, reuse_port: bool) -> w
 
 
 def client_site(
-    runner: web.AppRunner, cfg: GatewayConfig, port: int, metrics: ProxyMetrics | None
+    runner: web.AppRunner,
+    cfg: GatewayConfig,
+    port: int,
+    metrics: ProxyMetrics | None,
+    lean: Routes | None = None,
 ) -> GuardedSite:
     """The clients' site on `cfg.host`:`port` (SO_REUSEPORT always: a replacement, or the
     other workers, listen beside it), its connections capped at
     `gateway.max_client_connections`, lowered to what the open-file limit leaves (one log
-    line says so), and their heads bounded by `gateway.client_header_timeout`."""
+    line says so), and their heads bounded by `gateway.client_header_timeout`. With `lean`
+    (the proxy side), its proxied POSTs are served by the lean server
+    (`proxy/client_conn.py`), everything else by aiohttp."""
     server = runner.server
     assert server is not None, "runner.setup() first"
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -191,7 +198,16 @@ def client_site(
             nofile,
         )
     loop = asyncio.get_running_loop()
-    guard = ConnGuard(server, cap, cfg.client_header_timeout, loop.time, metrics)
+    lean_server = None
+    if lean is not None:
+        if lean_usable(server()):
+            lean_server = LeanServer(lean, loop)
+        else:
+            log.error(
+                "aiohttp's RequestHandler no longer has the idle timer the lean server holds "
+                "off: every request is served by aiohttp (slower, nothing else changes)"
+            )
+    guard = ConnGuard(server, cap, cfg.client_header_timeout, loop.time, metrics, lean=lean_server)
     if not _guard_requests(server, guard):
         log.error(
             "aiohttp's web.Server no longer hands Server.request_handler to its protocols: "

@@ -44,7 +44,7 @@ async def run_gateway(
     runner = runtime.runner(app, cfg.gateway.client_idle_timeout)
     await runner.setup()
     # SO_REUSEPORT always: a replacement (`serve --replace PID`) listens beside this one.
-    site = runtime.client_site(runner, cfg.gateway, cfg.gateway.port, gw.proxy_metrics)
+    site = runtime.client_site(runner, cfg.gateway, cfg.gateway.port, gw.proxy_metrics, gw.side)
     runtime.tune_gc()
     if replace_pid is not None:
         cold = await replace.warm(gw.health)

@@ -11,7 +11,6 @@ another connection and the worst time printed (`-s`); the tests assert only "not
 
 from __future__ import annotations
 
-import json
 import select
 import socket
 import threading
@@ -20,11 +19,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httptools
 import httpx
 import pytest
 
-from support import Gateway, Sim, backend_entry, fast_probes, wait_until
+from support import Gateway, Reply, Sim, backend_entry, fast_probes, wait_until
+from support import read_replies as _read
 
 CAP = 8
 HEAD_S = 1.0  # client_header_timeout in these tests
@@ -58,58 +57,6 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             g.stop()
     finally:
         sim.stop()
-
-
-class Reply:
-    """The responses read on one socket, parsed, and whether the gateway closed it."""
-
-    def __init__(self) -> None:
-        self.statuses: list[int] = []
-        self.bodies: list[bytes] = []
-        self.headers: list[dict[str, str]] = []
-        self.closed = False
-        self._body = b""
-        self._head: dict[str, str] = {}
-        self._name = b""
-        self._p = httptools.HttpResponseParser(self)
-
-    def feed(self, data: bytes) -> None:
-        self._p.feed_data(data)
-
-    def on_message_begin(self) -> None:
-        self._body, self._head = b"", {}
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head[name.decode().lower()] = value.decode()
-
-    def on_body(self, b: bytes) -> None:
-        self._body += b
-
-    def on_message_complete(self) -> None:
-        self.statuses.append(self._p.get_status_code())
-        self.bodies.append(self._body)
-        self.headers.append(self._head)
-
-    def code(self, i: int = -1) -> object:
-        return json.loads(self.bodies[i])["error"]["code"]
-
-
-def _read(s: socket.socket, reply: Reply, want: int, wait: float = 10.0) -> Reply:
-    """Read until `want` responses in all or the gateway closed, within `wait` seconds."""
-    s.settimeout(wait)
-    deadline = time.monotonic() + wait
-    while len(reply.statuses) < want and time.monotonic() < deadline:
-        try:
-            data = s.recv(65536)
-        except ConnectionResetError:
-            data = b""
-        except TimeoutError:
-            break
-        if not data:
-            reply.closed = True
-            break
-        reply.feed(data)
-    return reply
 
 
 def _served(gw: Gateway) -> tuple[socket.socket, Reply]:

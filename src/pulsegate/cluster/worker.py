@@ -250,7 +250,7 @@ async def run_worker(channel_fd: int, inflight_fd: int) -> None:
     app = build_app(cfg, proxy=w.side, to_primary=relay.handle)
     runner = runtime.runner(app, cfg.gateway.client_idle_timeout)
     await runner.setup()
-    site = runtime.client_site(runner, cfg.gateway, hello.port, w.metrics)
+    site = runtime.client_site(runner, cfg.gateway, hello.port, w.metrics, w.side)
     await relay.start()
     runtime.tune_gc()
     await site.start()
