@@ -118,6 +118,10 @@ def _frames(stack: str) -> list[tuple[str, str, int]]:
     return out
 
 
+# A transport's write: the send() syscall (perf's kernel share), not Python.
+_SEND = re.compile(r"\b(?:transport|t)\.write(?:lines)?\(")
+
+
 def _source(file: str, line: int, roots: list[Path]) -> str:
     for root in roots:
         text = linecache.getline(str(root / file), line)
@@ -136,6 +140,8 @@ def _decide(func: str, file: str) -> str | None:
             return "metrics (counters, histograms)"
         if "/probers/" in file or "/observe/" in file:
             return "probers, scrape, alerts (background)"
+        if file.endswith(("proxy/client_conn.py", "/conn_guard.py")):
+            return "HTTP server (lean: proxy/client_conn.py, conn_guard.py)"
         if file.endswith(("proxy/upstream.py", "proxy/upstream_conn.py")):
             return "upstream client (proxy/upstream.py, httptools)"
         if file.endswith(("proxy/sse.py", "proxy/resume.py")):
@@ -172,7 +178,7 @@ def categorize(path: Path, roots: list[Path]) -> dict[str, Any]:
         func, file, line = frames[-1]
         leaves[f"{func} ({file}:{line})"] += n
         src = _source(file, line, roots)
-        if "transport.write" in src or "transport.writelines" in src:
+        if _SEND.search(src):
             continue  # the send() syscall
         python += n
         if "orjson." in src:
