@@ -99,6 +99,21 @@ def test_take_notes_ids_and_hands_vllm_bytes_without_the_flag() -> None:
     assert keep.take(_obj(TOKEN), TOKEN) is TOKEN
 
 
+def test_an_engine_that_sends_no_ids_is_barren_at_its_first_text() -> None:
+    """Text without ids, none ever seen: the relay stops noting (`Relay.frame`). Ids seen
+    once keep the stream's ids alive, even after text without them."""
+    plain = {"choices": [{"index": 0, "delta": {"content": "a"}}]}
+    ids = Ids(strip=True)
+    ids.note({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    assert not ids.barren  # a role preamble says nothing yet
+    ids.note(plain)
+    assert ids.barren and not ids.usable(VLLM)
+    seen = Ids(strip=True)
+    seen.note(_obj(TOKEN))
+    seen.note(plain)
+    assert not seen.barren and seen.generated == [35]
+
+
 def test_take_remakes_an_unusual_layout_from_the_object() -> None:
     """Ids the pattern does not find (spaces) are still nulled, from the parsed object."""
     raw = b'data: {"choices": [{"index": 0, "text": "d", "token_ids": [73]}]}\n\n'

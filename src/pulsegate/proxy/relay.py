@@ -305,7 +305,9 @@ class Relay:
             watch.stop()
             proxy.unwatch_stream(target.name, watch)
 
-    def frame(self, events: list[SSEEvent], parts: list[bytes], rewriting: bool) -> Cut | None:
+    def frame(
+        self, events: list[SSEEvent], parts: list[bytes], rewriting: bool = False
+    ) -> Cut | None:
         """Append to `parts` what the client gets of `events`; returns None after `[DONE]`,
         a `Cut` when the upstream sent something broken, else `GO_ON`."""
         state = self.state
@@ -335,8 +337,11 @@ class Relay:
                     parts.append(b)
                 continue
             raw = ev.raw
-            if self.ids is not None:
-                raw = self.ids.take(obj, raw)  # ids noted; `null` unless the client asked
+            ids = self.ids
+            if ids is not None:
+                raw = ids.take(obj, raw)  # ids noted; `null` unless the client asked
+                if ids.barren:
+                    self.ids = None  # this engine sends none: nothing to note from here on
             if self.stops is not None:
                 filtered = self.stops.feed(obj)
                 if filtered is None:
@@ -393,7 +398,9 @@ def _framing(relay: Relay, rewriting: bool) -> Framing:
     if relay.typed:
         dialect = relay.dialect
         return lambda events, parts: _relay_typed(dialect, events, parts, rewriting)
-    return lambda events, parts: relay.frame(events, parts, rewriting)
+    if not rewriting:
+        return relay.frame  # the usual stream: one call per read less than a lambda
+    return lambda events, parts: relay.frame(events, parts, True)
 
 
 def _watchdog(relay: Relay, name: str, resp: UpstreamResponse) -> Watchdog:

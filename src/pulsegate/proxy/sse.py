@@ -48,6 +48,16 @@ class SSEParser:
 
     def feed(self, chunk: bytes, eof: bool = False) -> list[Event]:
         """Add bytes; return the events they complete (possibly none)."""
+        if not self._buf and not eof and not self._data and self._name is None:
+            # The usual read: one whole one-line `data: X\n\n` event, nothing held.
+            n = len(chunk) - 2
+            if (
+                chunk.startswith(b"data: ")
+                and chunk.endswith(b"\n\n")
+                and chunk.find(b"\n", 6, n) < 0
+                and b"\r" not in chunk
+            ):
+                return [Event(chunk, chunk[6:n])]
         buf = self._buf[self._start :] + chunk if self._start else self._buf + chunk
         self._pos -= self._start
         self._start = 0

@@ -191,6 +191,13 @@ class Ids:
                 self.whole = False  # text without its ids
         return found
 
+    @property
+    def barren(self) -> bool:
+        """Text came without ids and no id ever came: the engine does not send them (an
+        older vLLM, another engine behind `token_ids: true`), so there is nothing to note
+        or strip in the rest of the stream, and the ids can never stand for it."""
+        return not self.whole and not self.generated and self.prompt is None
+
     def usable(self, target: Target) -> bool:
         """Whether the break may continue as ids on `target`."""
         return target.token_ids and self.whole and self.prompt is not None
