@@ -167,6 +167,27 @@ def test_pipelined_requests_are_answered_in_order(gw: Gateway) -> None:
     s.close()
 
 
+def test_a_head_behind_requests_aiohttp_holds_waits_for_them(gw: Gateway) -> None:
+    """Forty pipelined `GET /metrics` (aiohttp's) to a client with a 4 KiB receive buffer:
+    aiohttp soon waits for the client to read, holding the rest. A POST sent then (one the
+    lean server answers at once: a 400) is answered after all forty, in the order asked
+    (the lean server leaves a head to aiohttp while aiohttp holds requests not yet
+    answered)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(10)
+    s.connect((gw.host, gw.port))
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n" * 40)
+    reply = Reply()
+    reply.feed(s.recv(1024))  # aiohttp is writing; it cannot have written 40 answers
+    s.sendall(post(b'{"model":"demo-7b"}'))
+    read(s, reply, 41, wait=20)
+    assert reply.statuses == [200] * 40 + [400]
+    assert all(b"pulsegate_" in b for b in reply.bodies[:40])
+    assert json.loads(reply.bodies[40])["error"]["code"] == "missing_messages"
+    s.close()
+
+
 def test_a_head_and_body_in_pieces(gw: Gateway) -> None:
     raw = post()
     s = _conn(gw)

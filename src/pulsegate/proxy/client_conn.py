@@ -138,17 +138,23 @@ def _may_be_ours(buf: bytes) -> bool:
 
 
 class _Idle:
-    """aiohttp's idle timer of one connection, held off while a request is served here.
-    Three private attributes of aiohttp's `RequestHandler` (its keep-alive close time, the
-    timer's handle, the method it runs), checked once by `usable` at start-up
+    """aiohttp's idle timer of one connection, held off while a request is served here,
+    and whether aiohttp holds requests not yet answered (pipelined behind one it serves:
+    a head after them is theirs to answer first). Four private attributes of aiohttp's
+    `RequestHandler` (its keep-alive close time, the timer's handle, the method it runs,
+    its queue of parsed requests), checked once by `usable` at start-up
     (`tests/proxy/test_client_conn.py` fails loudly on an aiohttp that changed them)."""
 
-    ATTRS = ("_next_keepalive_close_time", "_keepalive_handle", "_process_keepalive")
+    ATTRS = ("_next_keepalive_close_time", "_keepalive_handle", "_process_keepalive", "_messages")
     HOLD_S = 1e9  # "not while served": the timer, if it fires, re-arms itself this far on
 
     @classmethod
     def usable(cls, protocol: object) -> bool:
         return all(hasattr(protocol, a) for a in cls.ATTRS)
+
+    @staticmethod
+    def queued(p: web.RequestHandler) -> bool:
+        return bool(p._messages)
 
     @staticmethod
     def hold(p: web.RequestHandler, now: float) -> None:
@@ -234,6 +240,8 @@ class ClientConn:
         if self._task is not None:  # serving: the body, then a pipelined head
             self._more(data)
             return True
+        if not self._held and _Idle.queued(self.owner.inner):  # type: ignore[arg-type]
+            return False  # aiohttp answers the requests it holds first, in order
         buf = self._held + data if self._held else data
         forwarder = self.server.routes.forwarder
         head = parse_head(buf, self.server.paths, forwarder.limits.max_body)
