@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,25 +124,33 @@ def _read_state() -> dict[str, Any]:
         return {}
 
 
+# The lab's threads (a scenario starts and stops processes from `asyncio.to_thread`) change
+# the state file one at a time: two writers of one `state.tmp` lost one's rename (seen once,
+# "No such file or directory: state.tmp -> state.json", in the replicas scenario).
+_STATE_LOCK = threading.Lock()
+
+
 def _write_state(state: dict[str, Any]) -> None:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp = STATE_FILE.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(state))
     tmp.replace(STATE_FILE)
 
 
 def record_pid(pid: int, what: str) -> None:
     """Remember a root-namespace process so a later cleanup can stop it."""
-    state = _read_state()
-    state.setdefault("pids", {})[str(pid)] = what
-    _write_state(state)
+    with _STATE_LOCK:
+        state = _read_state()
+        state.setdefault("pids", {})[str(pid)] = what
+        _write_state(state)
 
 
 def forget_pid(pid: int) -> None:
-    state = _read_state()
-    if str(pid) in state.get("pids", {}):
-        del state["pids"][str(pid)]
-        _write_state(state)
+    with _STATE_LOCK:
+        state = _read_state()
+        if str(pid) in state.get("pids", {}):
+            del state["pids"][str(pid)]
+            _write_state(state)
 
 
 class Lock:
