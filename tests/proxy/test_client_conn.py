@@ -58,6 +58,15 @@ def test_a_plain_post_is_served_here() -> None:
     assert raw[head.end :] == BODY
 
 
+def test_the_worked_example() -> None:
+    raw = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    head = parse_head(raw, PATHS, 10)
+    assert head == ("/v1/chat/completions", {"host": "x", "content-length": "2"}, 2, False, 66)
+    assert raw[66:] == b"{}"
+    bare = parse_head(b"POST /v1/embeddings HTTP/1.1\r\n\r\n", PATHS, 10)
+    assert bare == ("/v1/embeddings", {}, 0, False, 32)
+
+
 def test_repeated_headers_keep_the_first_and_names_are_lowered() -> None:
     raw = post(extra=b"X-Session-Id: one\r\nx-session-id: two\r\nConnection: keep-alive, Close\r\n")
     head = parse_head(raw, PATHS, 1000)

@@ -86,7 +86,7 @@ def parse_head(buf: bytes, paths: Mapping[bytes, str], max_body: int) -> Head | 
     not whole yet, None if it is aiohttp's. Header names in lower case, the first of
     repeated ones kept. Worked example: `POST /v1/chat/completions HTTP/1.1\\r\\nHost: x\\r\\n
     Content-Length: 2\\r\\n\\r\\n{}` is a head of path `/v1/chat/completions`, headers
-    `{"host": "x", "content-length": "2"}`, length 2, body at 80."""
+    `{"host": "x", "content-length": "2"}`, length 2, body at 66."""
     line_end = buf.find(b"\r\n")
     if line_end < 0:
         return MORE if len(buf) < MAX_HEAD and _may_be_ours(buf) else None
