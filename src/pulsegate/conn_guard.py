@@ -19,6 +19,11 @@ header timeout. `ConnGuard` is the protocol factory the listening socket is crea
   A keep-alive connection with no byte of a new request is not timed here: aiohttp's idle
   timer (`client_idle_timeout`) closes it, as before.
 
+Each head is offered first to the lean server of the proxied POSTs (`Conn.lean`,
+`proxy/client_conn.py`), which takes the plain case and leaves the rest to aiohttp as it
+arrived; its requests begin and end here too (`Conn.begin`, `Conn.end`), so the cap and
+the header deadline are the same for both servers.
+
 No timer per connection or request: `sweep(now)`, every `sweep_period` seconds, walks
 only the heads still arriving (a handful: a head sent in one write is done within the loop
 turn that read it) and the lingering refusals, and decides with `overdue`, a pure function
