@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 
 from perf import fleet, load, profiling, report  # noqa: E402
 from perf.fleet import Target  # noqa: E402
-from perf.procs import Procs, usage  # noqa: E402
+from perf.procs import Procs, interrupted, stop_on_signals, usage  # noqa: E402
 from pulsegate.epp.envoy import envoy_binary  # noqa: E402
 
 TARGET_NAMES = ("direct", "pulsegate", "nginx", "envoy", "smg", "pulsegate-w2")
@@ -256,16 +256,6 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-_WHY: list[str] = []
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    """SIGTERM or the --max-seconds alarm: act as Ctrl-C, which asyncio's runner turns into
-    cancelling the measurement, so every child is stopped on the way out."""
-    _WHY.append(signal.Signals(signum).name)
-    signal.raise_signal(signal.SIGINT)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     missing = fleet.ensure_tools({"wrk": "wrk", "nginx": "nginx"}, not args.no_install)
@@ -288,10 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     results = args.out.parent
     log_dir = results / "bench_logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGALRM, _interrupt)
-    signal.alarm(args.max_seconds)
+    stop_on_signals(args.max_seconds)
     env = environment(args)
     busy = float(env["loadavg_start"].split()[0])
     if busy > (os.cpu_count() or 1) * 0.75:
@@ -340,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.profile > 0 and pg is not None:
                 prof = uvloop.run(profile(args, pg, lua, results))
         except KeyboardInterrupt:
-            why = _WHY[0] if _WHY else "SIGINT"
-            print(f"interrupted ({why}): stopping every child", file=sys.stderr)
-            return 124 if why == "SIGALRM" else 130
+            return interrupted()
         finally:
             signal.alarm(0)
             procs.stop_all()

@@ -55,7 +55,7 @@ sys.path.insert(0, str(HERE))
 
 from perf import fleet, load, profiling  # noqa: E402
 from perf.fleet import CHAT, STREAM_MODEL, ZERO_MODEL, Target  # noqa: E402
-from perf.procs import Child, Procs, usage  # noqa: E402
+from perf.procs import Child, Procs, interrupted, stop_on_signals, usage  # noqa: E402
 
 clock = time.monotonic  # CLOCK_MONOTONIC: one clock for the bench and its client processes
 
@@ -446,14 +446,6 @@ def streams_table(points: list[dict[str, Any]]) -> str:
 
 # ---------------------------------------------------------------------------------- main
 
-_WHY: list[str] = []
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    """SIGTERM or the --max-seconds alarm: act as Ctrl-C, so every child is stopped."""
-    _WHY.append(signal.Signals(signum).name)
-    signal.raise_signal(signal.SIGINT)
-
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -462,10 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     nofile = raise_nofile()
     log_dir = args.out.parent / "scale_logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGALRM, _interrupt)
-    signal.alarm(args.max_seconds)
+    stop_on_signals(args.max_seconds)
     env = {"cpus": str(os.cpu_count()), "nofile": str(nofile), "loadavg_start": loadavg()}
     procs = Procs(log_dir)
     rows: list[dict[str, Any]] = []
@@ -500,9 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"(direct {d['tokens_per_s']:.0f}), {g['kb_per_stream']:.1f} KB/stream"
                     )
         except KeyboardInterrupt:
-            why = _WHY[0] if _WHY else "SIGINT"
-            print(f"interrupted ({why}): stopping every child", file=sys.stderr)
-            return 124 if why == "SIGALRM" else 130
+            return interrupted()
         finally:
             signal.alarm(0)
             procs.stop_all()

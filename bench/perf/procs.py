@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -188,3 +189,32 @@ def usage(pids: list[int]) -> Usage:
                 hwm += peak
                 hwm_max = max(hwm_max, peak)
     return Usage(cpu, rss, hwm, hwm_max)
+
+
+# -- stopping a bench: Ctrl-C, SIGTERM or its --max-seconds alarm ------------------------------
+
+_WHY: list[str] = []
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    """SIGTERM or the alarm: act as Ctrl-C, which asyncio's runner turns into cancelling the
+    measurement, so every child is stopped on the way out."""
+    _WHY.append(signal.Signals(signum).name)
+    signal.raise_signal(signal.SIGINT)
+
+
+def stop_on_signals(max_seconds: int) -> None:
+    """Ctrl-C (even if the bench started ignoring it), SIGTERM and an alarm in `max_seconds`
+    all raise KeyboardInterrupt in the bench; `interrupted()` then says which."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGALRM, _interrupt)
+    signal.alarm(max_seconds)
+
+
+def interrupted() -> int:
+    """After the KeyboardInterrupt: one line saying why, and the exit code (124 for the
+    alarm, as `timeout` says, else 130)."""
+    why = _WHY[0] if _WHY else "SIGINT"
+    print(f"interrupted ({why}): stopping every child", file=sys.stderr)
+    return 124 if why == "SIGALRM" else 130
