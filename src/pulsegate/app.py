@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import orjson
 from aiohttp import web
@@ -94,11 +94,9 @@ def build_app(
 
             async def handle(request: web.Request) -> web.StreamResponse:
                 answer = await side.forwarder.handle(AioIncoming(request), path)
-                if isinstance(answer, AioStream):
-                    return answer.response  # relayed; `Connection: close` said at its start
-                resp = reshape(answer, api) if isinstance(answer, web.Response) else None
-                if resp is None:  # pragma: no cover - aiohttp's requests stream through aiohttp
-                    raise RuntimeError(f"an aiohttp request answered by {type(answer).__name__}")
+                if not isinstance(answer, web.Response):  # a stream, relayed already; its
+                    return cast(AioStream, answer).response  # `Connection: close` said then
+                resp = reshape(answer, api)
                 if state.shutting_down:
                     resp.force_close()
                 return resp

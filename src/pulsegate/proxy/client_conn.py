@@ -35,11 +35,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 from aiohttp import web
 
-from pulsegate.proxy.client_out import LIMIT, BodyTooLarge
+from pulsegate.proxy.client_out import LIMIT
 from pulsegate.proxy.errors import error_response, reshape
 from pulsegate.proxy.request import API
 
@@ -168,7 +168,10 @@ class _Idle:
         close_at = loop.time() + timeout
         p._next_keepalive_close_time = close_at
         handle = p._keepalive_handle
-        if handle is not None:  # None: the connection is closing (aiohttp's own state)
+        # A timer due sooner re-arms itself for `close_at` when it fires (aiohttp's own
+        # rule); only one pushed out by `hold` (it fired during a long request) is moved
+        # back. None: the connection is closing.
+        if handle is not None and cast(asyncio.TimerHandle, handle).when() > close_at:
             handle.cancel()
             p._keepalive_handle = loop.call_at(close_at, p._process_keepalive)
 
@@ -331,8 +334,8 @@ class ClientConn:
     def _write_whole(self, resp: web.Response, close: bool) -> None:
         body = resp.body
         data = body if isinstance(body, bytes) else b""
-        head = _head(resp.status, resp.headers.items(), close or self._close)
         self._close = self._close or close
+        head = _head(resp.status, resp.headers.items(), self._close)
         self.transport.write(b"%bContent-Length: %d\r\n\r\n%b" % (head, len(data), data))
 
     # -- the connection's events -------------------------------------------------------------
@@ -380,8 +383,7 @@ class LeanRequest:
         return not self._conn._need
 
     async def read(self) -> bytes:
-        if self.content_length is None:  # pragma: no cover - parse_head always has one
-            raise BodyTooLarge
+        """The whole body (never too large: `parse_head` left those to aiohttp)."""
         return await self._conn.body()
 
     def stream_out(self, status: int, headers: Mapping[str, str], close: bool) -> LeanStream:

@@ -340,7 +340,7 @@ class Relay:
             ids = self.ids
             if ids is not None:
                 raw = ids.take(obj, raw)  # ids noted; `null` unless the client asked
-                if ids.barren:
+                if not ids.whole and ids.barren:  # an attribute per token; the rest rarely
                     self.ids = None  # this engine sends none: nothing to note from here on
             if self.stops is not None:
                 filtered = self.stops.feed(obj)
