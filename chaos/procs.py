@@ -48,7 +48,13 @@ class Proc:
         )
         self.pid = self.popen.pid
         if netns is None:
-            netlab.record_pid(self.pid, args[0])
+            try:
+                netlab.record_pid(self.pid, args[0])
+            except BaseException:  # unrecorded, no cleanup would find it: stop it now
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+                self._log.close()
+                raise
         self.host, self.port = self._read_address(start_timeout)
 
     def _read_address(self, timeout: float) -> tuple[str, int]:
