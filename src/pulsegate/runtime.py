@@ -301,6 +301,11 @@ async def shutdown(
         log.info("ended %d stream(s) still open after the grace period", cut)
         await proxy.wait_drained(1.0)
     await _linger(runner, min(LINGER_S, grace))
+    lean = site.guard.lean if isinstance(site, GuardedSite) else None
+    if lean is not None:  # what aiohttp's cleanup does for its own requests in progress
+        left = await lean.wait_served(SITE_SHUTDOWN_S)
+        if left:
+            log.info("closing with %d request(s) still being answered", left)
     await runner.cleanup()
 
 

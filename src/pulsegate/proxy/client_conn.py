@@ -182,14 +182,25 @@ def lean_usable(protocol: object) -> bool:
 
 
 class LeanServer:
-    """What every lean connection of one listening socket shares."""
+    """What every lean connection of one listening socket shares, and the requests being
+    served on them (aiohttp's shutdown waits for its own requests in progress, and knows
+    nothing of these: `wait_served`)."""
 
-    __slots__ = ("loop", "paths", "routes")
+    __slots__ = ("loop", "paths", "routes", "serving")
 
     def __init__(self, routes: Routes, loop: asyncio.AbstractEventLoop) -> None:
         self.routes = routes
         self.loop = loop
         self.paths = {p.encode(): p for p in API}
+        self.serving: set[asyncio.Task[None]] = set()
+
+    async def wait_served(self, within: float) -> int:
+        """Until every request being served has its answer, at most `within` seconds (the
+        rest are cut when the connections close); returns how many were still going."""
+        if not self.serving:
+            return 0
+        _, pending = await asyncio.wait(list(self.serving), timeout=within)
+        return len(pending)
 
 
 class Owner(Protocol):
@@ -286,7 +297,8 @@ class ClientConn:
         self.owner.begin()
         _Idle.hold(self.owner.inner, self.server.loop.time())  # type: ignore[arg-type]
         req = LeanRequest(self, head)
-        self._task = self.server.loop.create_task(self._serve(req))
+        task = self._task = self.server.loop.create_task(self._serve(req))
+        self.server.serving.add(task)
 
     # -- one request ----------------------------------------------------------------------
 
@@ -314,6 +326,8 @@ class ClientConn:
             self._finish()
 
     def _finish(self) -> None:
+        if self._task is not None:
+            self.server.serving.discard(self._task)
         self._task = None
         self.owner.end()
         t = self.transport
