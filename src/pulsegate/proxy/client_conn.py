@@ -310,8 +310,11 @@ class ClientConn:
             if isinstance(answer, web.Response):
                 closing = routes.proxy.shutting_down or self._need > 0
                 self._write_whole(reshape(answer, API[path]), closing)  # type: ignore[arg-type]
-            elif self._need or routes.proxy.shutting_down:
+            elif self._need:
                 self._close = True
+            # A stream whose head said keep-alive stays open though the gateway began to
+            # drain meanwhile: the client may already be sending its next request on it, and
+            # a close now would reset that request. The next answer says `Connection: close`.
         except asyncio.CancelledError:
             self._close = True  # the client went away (or the gateway is closing)
             raise
