@@ -70,13 +70,16 @@ def test_prefix_cache_hit_lowers_ttft(sim_factory: Callable[..., SimProc]) -> No
         return time.monotonic() - t0
 
     before = sim.metrics()
-    miss, hit = ttft(), ttft()
+    miss = ttft()
+    # 300 ms vs ~90 ms. Load on the box only lengthens a latency: the best of three hits
+    # is the sim's own sleep plus the least noise.
+    hit = min(ttft() for _ in range(3))
     after = sim.metrics()
-    assert miss >= 0.29 and hit < 0.6 * miss  # 300 ms vs ~90 ms
+    assert miss >= 0.29 and hit < 0.6 * miss
     assert (
         after[f"vllm:prefix_cache_queries_total{M}"] - before[f"vllm:prefix_cache_queries_total{M}"]
-        == 2
+        == 4
     )
     assert (
-        after[f"vllm:prefix_cache_hits_total{M}"] - before[f"vllm:prefix_cache_hits_total{M}"] == 1
+        after[f"vllm:prefix_cache_hits_total{M}"] - before[f"vllm:prefix_cache_hits_total{M}"] == 3
     )
