@@ -31,6 +31,7 @@ from pulsegate.health.observations import (
     RequestResult,
 )
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
+from pulsegate.proxy.deadline import Deadline
 from pulsegate.proxy.errors import error_body
 from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
@@ -131,7 +132,7 @@ class AttemptOpener:
         trace = self.trace
         extra = None if trace is None or ex is None else trace(ex, target)
         try:
-            async with asyncio.timeout(deadline) as cm:
+            async with Deadline(self._clock, deadline) as cm:
                 # Registered so an ejection of this backend cuts the wait at once: nothing
                 # has reached the client yet, so the request just moves on.
                 state.watch_pending(name, cm)

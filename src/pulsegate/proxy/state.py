@@ -18,11 +18,11 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import TypeVar
 
-from pulsegate import stall
 from pulsegate.capacity import CapacityQueue
 from pulsegate.clock import Clock
 from pulsegate.health.verdict import Verdict
 from pulsegate.proxy.cuts import SHUTTING_DOWN, Cut
+from pulsegate.proxy.deadline import Deadline
 from pulsegate.proxy.firstbyte import WATCH_INTERVAL_S, FirstByteWatch
 from pulsegate.proxy.ports import Outcomes, Router, Verdicts
 from pulsegate.proxy.watchdog import EJECTED_STALL_S, Watchdog
@@ -54,7 +54,7 @@ class ProxyState:
         self.queue = CapacityQueue(queue_max, clock.now)
         self.first_byte = FirstByteWatch(names, clock, verdicts.usual_ttft, outcomes.report)
         self._streams: dict[str, set[Watchdog]] = {n: set() for n in names}
-        self._pending: dict[str, set[asyncio.Timeout]] = {n: set() for n in names}
+        self._pending: dict[str, set[Deadline]] = {n: set() for n in names}
         self.shutting_down = False
         self.drained = asyncio.Event()
         # Removed by a reload while requests to them were in flight: forgotten at the last
@@ -159,10 +159,10 @@ class ProxyState:
     def unwatch_stream(self, name: str, watch: Watchdog) -> None:
         self._streams[name].discard(watch)
 
-    def watch_pending(self, name: str, cm: asyncio.Timeout) -> None:
+    def watch_pending(self, name: str, cm: Deadline) -> None:
         self._pending[name].add(cm)
 
-    def unwatch_pending(self, name: str, cm: asyncio.Timeout) -> None:
+    def unwatch_pending(self, name: str, cm: Deadline) -> None:
         self._pending[name].discard(cm)
 
     def cut_ejected(self, name: str, cause: str) -> None:
@@ -172,7 +172,7 @@ class ProxyState:
         for w in list(self._streams.get(name, ())):
             w.tighten(EJECTED_STALL_S, f"backend ejected ({cause})")
         for cm in list(self._pending.get(name, ())):
-            stall.expire(cm)
+            cm.expire()
 
     # -- shutdown -----------------------------------------------------------------------------
 
