@@ -1,8 +1,9 @@
-"""What the per-try deadline costs a request: `asyncio.timeout` beside `proxy.deadline.Deadline`.
+"""What the per-try deadline costs a request: `asyncio.timeout` beside `proxy.deadline.Deadline`
+(swept by the proxy's 50 ms watch loop: no timer per request).
 
     .venv/bin/python bench/perf/deadline_cost.py [--n 200000] [--reps 5]
 
-On uvloop with the gateway's `SystemClock`, as `pulsegate serve` runs: each repetition
+On uvloop, as `pulsegate serve` runs: each repetition
 times `--n` scopes of each kind (entered, the body one loop turn, left without
 expiring: a request answered in time), the two interleaved. Prints the median µs
 per scope and the ratio Deadline / asyncio.timeout of the same repetition.
@@ -29,9 +30,10 @@ async def _asyncio_scopes(n: int) -> float:
 
 
 async def _deadline_scopes(n: int, clock: SystemClock) -> float:
+    waiting: set[Deadline] = set()  # a backend's attempts waiting, as in ProxyState
     t0 = time.perf_counter()
     for _ in range(n):
-        async with Deadline(clock, 5.0):
+        async with Deadline(clock.now() + 5.0, waiting):
             await asyncio.sleep(0)  # a loop turn, as a real wait has
     return (time.perf_counter() - t0) / n * 1e6
 

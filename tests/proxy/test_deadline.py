@@ -1,4 +1,4 @@
-"""`proxy.deadline.Deadline`: the per-try deadline, on a manual clock (no sleeping)."""
+"""`proxy.deadline`: the per-try deadline, swept (time is passed in; nothing sleeps)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from pulsegate.clock import ManualClock
-from pulsegate.proxy.deadline import Deadline
+from pulsegate.proxy.deadline import Deadline, sweep
 
 
 async def _turns(n: int = 3) -> None:
@@ -15,69 +14,69 @@ async def _turns(n: int = 3) -> None:
         await asyncio.sleep(0)
 
 
-def test_the_deadline_cuts_the_wait_with_timeout_error_and_leaves_no_timer() -> None:
+def test_a_sweep_past_the_deadline_cuts_the_wait_with_timeout_error() -> None:
     async def main() -> None:
-        clock = ManualClock()
+        waiting: set[Deadline] = set()
         wait: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        async def attempt() -> str:
-            async with Deadline(clock, 0.5) as d:
+        async def attempt() -> None:
+            async with Deadline(10.5, waiting):
                 await wait
-            return "answered" if not d.expired else "expired yet answered"
 
         task = asyncio.create_task(attempt())
         await _turns()
-        clock.advance(0.49)
+        assert len(waiting) == 1
+        assert sweep(waiting, 10.49) == 0
         await _turns()
         assert not task.done()
-        clock.advance(0.02)
+        assert sweep(waiting, 10.5) == 1
         with pytest.raises(TimeoutError):
             await task
-        assert clock.pending() == 0
+        assert waiting == set()
 
     asyncio.run(main())
 
 
-def test_an_answer_in_time_cancels_the_timer() -> None:
+def test_an_answer_in_time_leaves_the_set_and_no_sweep_reaches_it() -> None:
     async def main() -> None:
-        clock = ManualClock()
+        waiting: set[Deadline] = set()
         wait: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        scopes: list[Deadline] = []
 
         async def attempt() -> str:
-            async with Deadline(clock, 0.5):
+            async with Deadline(10.5, waiting) as d:
+                scopes.append(d)
                 return await wait
 
         task = asyncio.create_task(attempt())
         await _turns()
-        assert clock.pending() == 1
         wait.set_result("answer")
         assert await task == "answer"
-        assert clock.pending() == 0
-        clock.advance(1.0)  # nothing left to fire
+        assert waiting == set()
+        scopes[0].expire()  # an ejection that comes after the scope: nothing is cancelled
+        await _turns()
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
 
     asyncio.run(main())
 
 
-def test_expire_cuts_at_once_and_again_or_late_does_nothing() -> None:
+def test_expire_cuts_at_once_and_a_second_expire_changes_nothing() -> None:
     async def main() -> None:
-        clock = ManualClock()
+        waiting: set[Deadline] = set()
         wait: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        scopes: list[Deadline] = []
 
         async def attempt() -> None:
-            async with Deadline(clock, 60.0) as d:
-                scopes.append(d)
+            async with Deadline(1e9, waiting):
                 await wait
 
         task = asyncio.create_task(attempt())
         await _turns()
-        scopes[0].expire()  # an ejection of the backend
-        scopes[0].expire()
+        (d,) = waiting
+        d.expire()  # an ejection of the backend
+        d.expire()
         with pytest.raises(TimeoutError):
             await task
-        scopes[0].expire()  # after the scope was left: no stray cancellation anywhere
-        await _turns()
-        assert clock.pending() == 0
+        assert task.cancelling() == 0
 
     asyncio.run(main())
 
@@ -87,12 +86,12 @@ def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
     when the deadline also came due before the task ran again."""
 
     async def main() -> None:
-        clock = ManualClock()
-        wait: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting: set[Deadline] = set()
+        loop = asyncio.get_running_loop()
 
         async def attempt() -> None:
-            async with Deadline(clock, 0.5):
-                await wait
+            async with Deadline(10.5, waiting):
+                await loop.create_future()  # never answered
 
         plain = asyncio.create_task(attempt())
         await _turns()
@@ -102,9 +101,9 @@ def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
         both = asyncio.create_task(attempt())
         await _turns()
         both.cancel()
-        clock.advance(1.0)  # its deadline came due too before the task ran again
+        assert sweep(waiting, 11.0) == 1  # its deadline came due too before it ran again
         with pytest.raises(asyncio.CancelledError):
             await both
-        assert clock.pending() == 0
+        assert waiting == set()
 
     asyncio.run(main())

@@ -31,7 +31,6 @@ from pulsegate.health.observations import (
     RequestResult,
 )
 from pulsegate.proxy.classify import classify_exception, classify_status, describe
-from pulsegate.proxy.deadline import Deadline
 from pulsegate.proxy.errors import error_body
 from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
@@ -132,10 +131,9 @@ class AttemptOpener:
         trace = self.trace
         extra = None if trace is None or ex is None else trace(ex, target)
         try:
-            async with Deadline(self._clock, deadline) as cm:
-                # Registered so an ejection of this backend cuts the wait at once: nothing
-                # has reached the client yet, so the request just moves on.
-                state.watch_pending(name, cm)
+            # Watched while it waits, so an ejection of this backend cuts the wait at once:
+            # nothing has reached the client yet, so the request just moves on.
+            async with state.deadline(name, deadline) as cm:
                 resp = await pool.post(path, body, extra)
                 got_headers = True
                 if resp.status >= 400:
@@ -156,9 +154,8 @@ class AttemptOpener:
             outcome = classify_exception(e, got_headers)
             if resp is not None:
                 resp.close()
-            # Unwatched before reporting: the report may eject this backend, and the cut of
-            # its pending attempts must not reach this one, which is already done.
-            state.unwatch_pending(name, cm)
+            # The scope is left, so this attempt is unwatched before it reports: the report
+            # may eject this backend, and the cut must not reach an attempt already done.
             if isinstance(e, TimeoutError) and self._own_stall(t0, deadline):
                 # Our own loop stood still for part of the wait: the attempt moves on, but
                 # the backend is not blamed for time we were not running (pulsegate.clock).
@@ -168,7 +165,6 @@ class AttemptOpener:
             self._outcomes.report(name, RequestResult(outcome, None, None))
             return Failure(outcome, None, f"{name}: {describe(e)}")
         finally:
-            state.unwatch_pending(name, cm)
             if token is not None:
                 state.first_byte.seen(name, token)
             if pool.connects != connects:

@@ -1,40 +1,40 @@
-"""The per-try deadline of an attempt: `asyncio.timeout` without its state machine.
+"""The per-try deadline of an attempt: swept, not a timer per request.
 
 Every proxied request waits for its backend's first byte under a deadline (the attempt's
 `retry.per_try_timeout`, cut short by what is left of `retry.request_timeout`), and an
 ejection of that backend brings the deadline forward to now (`ProxyState.cut_ejected`).
-`asyncio.timeout` did that at about 3 µs a request here (a `Timeout` with its state enum,
-a reschedulable timer, the checks of a general tool); `Deadline` does only this job: one
-timer armed on entry on the gateway's clock, cancelled on exit, and the same contract.
+`asyncio.timeout` did that with a uvloop timer armed and cancelled per request, inside a
+general state machine: about 3-4 µs a request here (`bench/perf/deadline_cost.py`). A
+`Deadline` arms nothing. It joins its backend's set of waiting attempts while its body
+runs, and the proxy's watch loop, already awake every 50 ms for the first-byte watch
+(`ProxyState.watch_first_bytes`), expires the overdue ones (`sweep`). A per-try deadline is
+seconds long; being cut up to 50 ms late is the price.
 
-- The deadline (or `expire()`) cancels the task that entered; the scope turns that
-  cancellation into `TimeoutError` as it leaves.
-- A cancellation from elsewhere meanwhile (the client went away) stays a cancellation: the
-  scope counts the task's cancel requests at entry (`Task.cancelling`), as asyncio's does.
+The contract is `asyncio.timeout`'s:
+- the deadline (or `expire()`) cancels the task that entered; the scope turns that
+  cancellation into `TimeoutError` as it leaves;
+- a cancellation from elsewhere meanwhile (the client went away) stays a cancellation: the
+  scope counts the task's cancel requests at entry (`Task.cancelling`), as asyncio's does;
 - `expire()` after the scope was left, or twice, does nothing.
-
-Measured with `bench/perf/deadline_cost.py` (the two beside each other in one run).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from types import TracebackType
-
-from pulsegate.clock import Clock, Handle
 
 
 class Deadline:
-    """`async with Deadline(clock, seconds):` raises TimeoutError when the body is still
-    waiting after `seconds` (or after `expire()`)."""
+    """`async with Deadline(at, waiting):` raises TimeoutError when `sweep` (or `expire()`)
+    finds the body still waiting at `at` (clock seconds). Member of `waiting` meanwhile."""
 
-    __slots__ = ("_cancelling", "_clock", "_handle", "_seconds", "_task", "expired")
+    __slots__ = ("_cancelling", "_task", "_waiting", "at", "expired")
 
-    def __init__(self, clock: Clock, seconds: float) -> None:
-        self._clock = clock
-        self._seconds = seconds
+    def __init__(self, at: float, waiting: set[Deadline]) -> None:
+        self.at = at
+        self._waiting = waiting
         self._task: asyncio.Task[object] | None = None
-        self._handle: Handle | None = None
         self._cancelling = 0
         self.expired = False
 
@@ -44,7 +44,7 @@ class Deadline:
             raise RuntimeError("Deadline must be entered inside a task")
         self._task = task
         self._cancelling = task.cancelling()
-        self._handle = self._clock.call_later(self._seconds, self.expire)
+        self._waiting.add(self)
         return self
 
     async def __aexit__(
@@ -53,11 +53,9 @@ class Deadline:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._waiting.discard(self)
         task = self._task
         self._task = None  # a late expire() finds nothing to cancel
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
         if (
             self.expired
             and task is not None
@@ -67,9 +65,17 @@ class Deadline:
             raise TimeoutError from exc
 
     def expire(self) -> None:
-        """Now: the body's wait is cut (the timer, or an ejection of the backend)."""
+        """Now: the body's wait is cut (its time is up, or its backend was ejected)."""
         task = self._task
         if task is None or self.expired:
             return
         self.expired = True
         task.cancel()
+
+
+def sweep(waiting: Iterable[Deadline], now: float) -> int:
+    """Expire the deadlines of `waiting` due by `now`; returns how many."""
+    due = [d for d in waiting if d.at <= now]
+    for d in due:
+        d.expire()
+    return len(due)

@@ -22,7 +22,7 @@ from pulsegate.capacity import CapacityQueue
 from pulsegate.clock import Clock
 from pulsegate.health.verdict import Verdict
 from pulsegate.proxy.cuts import SHUTTING_DOWN, Cut
-from pulsegate.proxy.deadline import Deadline
+from pulsegate.proxy.deadline import Deadline, sweep
 from pulsegate.proxy.firstbyte import WATCH_INTERVAL_S, FirstByteWatch
 from pulsegate.proxy.ports import Outcomes, Router, Verdicts
 from pulsegate.proxy.watchdog import EJECTED_STALL_S, Watchdog
@@ -159,10 +159,13 @@ class ProxyState:
     def unwatch_stream(self, name: str, watch: Watchdog) -> None:
         self._streams[name].discard(watch)
 
-    def watch_pending(self, name: str, cm: Deadline) -> None:
-        self._pending[name].add(cm)
+    def deadline(self, name: str, seconds: float) -> Deadline:
+        """The deadline of an attempt on `name` waiting for its first byte: expired by the
+        watch loop once `seconds` have passed, or at once if `name` is ejected meanwhile."""
+        return Deadline(self.clock.now() + seconds, self._pending[name])
 
     def unwatch_pending(self, name: str, cm: Deadline) -> None:
+        """Before the scope ends: an ejection from now on must not cut this attempt."""
         self._pending[name].discard(cm)
 
     def cut_ejected(self, name: str, cause: str) -> None:
@@ -197,7 +200,12 @@ class ProxyState:
         return True
 
     async def watch_first_bytes(self) -> None:
-        """The first-byte watch's driver: a task for the life of the process."""
+        """The driver of the first-byte watch and of the attempts' deadlines: a task for
+        the life of the process."""
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            self.first_byte.check(self.clock.now())
+            now = self.clock.now()
+            self.first_byte.check(now)
+            for waiting in self._pending.values():
+                if waiting:
+                    sweep(waiting, now)
