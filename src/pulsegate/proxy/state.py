@@ -15,6 +15,7 @@ Nothing here judges a backend: verdicts come through the `Router`, outcomes leav
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import TypeVar
 
@@ -28,6 +29,8 @@ from pulsegate.proxy.ports import Outcomes, Router, Verdicts
 from pulsegate.proxy.watchdog import EJECTED_STALL_S, Watchdog
 
 T = TypeVar("T")
+
+log = logging.getLogger("pulsegate.proxy")
 
 
 class ProxyState:
@@ -205,7 +208,10 @@ class ProxyState:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             now = self.clock.now()
-            self.first_byte.check(now)
             for waiting in self._pending.values():
                 if waiting:
                     sweep(waiting, now)
+            try:  # a bug here must not end the loop: the deadlines above depend on it
+                self.first_byte.check(now)
+            except Exception:
+                log.exception("first-byte watch failed")
