@@ -161,6 +161,30 @@ async def test_dcgm_exporter_url_is_the_gpu_source(start_agent: Callable[..., Pr
             assert pong.queue_waiting == 4 and pong.running == 2
 
 
+async def test_gpu_faults_come_from_the_engines_page_read_once_per_refresh(
+    start_sim: Callable[..., Sim], start_agent: Callable[..., Proc]
+) -> None:
+    """--gpu engine without NVML: the fault fields (an Xid here) come from the engine's own
+    /metrics, the page the agent already reads for the engine's figures. One refresh reads
+    it once, as it reads /health once: watching an engine must not double its scrapes."""
+    sim = start_sim("faults")
+    agent = start_agent(sim.url, "--gpu", "engine")
+    sim.fault("xid", code=79)
+    async with heartbeat(agent) as (_, call):
+        pong = await pong_where(
+            call, lambda p: getattr(facts_from_pong(p).gpu_faults, "xid", None) == 79
+        )
+        assert pong.gpu_source == "engine"
+
+    def scrapes() -> dict[str, int]:
+        got: dict[str, int] = sim.stats()["scrapes"]
+        return got
+
+    # Nothing else reads this sim: every GET of /health and /metrics is the agent's.
+    seen = wait_until(lambda: (c := scrapes())["health"] >= 20 and c, timeout=20)
+    assert abs(seen["metrics"] - seen["health"]) <= 2, seen  # one refresh may be mid-way
+
+
 async def test_micro_inference_runs_while_pings_are_answered(
     start_agent: Callable[..., Proc],
 ) -> None:

@@ -114,6 +114,9 @@ class EngineWatcher:
         self._nvml: Nvml | None = None
         self._gpu_note = ""
         self._reader = EngineMetricsReader(gpu=False)
+        # The last /metrics page read (None: unreadable): the GPU fault watcher reads its
+        # DCGM fields from it rather than fetch the page a second time.
+        self.metrics_page: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._changed: list[Callable[[Snapshot], None]] = []
         self.snapshot = Snapshot(
@@ -167,6 +170,7 @@ class EngineWatcher:
         metrics_text, (ready, status, reachable), gpu = await asyncio.gather(
             self._fetch_metrics(), self._fetch_health(), self._read_gpu()
         )
+        self.metrics_page = metrics_text
         if metrics_text is None:
             self._reader.reset()
             engine = EngineFacts()

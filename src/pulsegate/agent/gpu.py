@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -344,7 +345,11 @@ class NvmlFaults:
 class GpuFaultWatcher:
     """Keeps `faults` fresh every `refresh` s while running: NVML (in a worker thread) when
     it opens, else the DCGM page (``dcgm=URL``, or the engine's /metrics for ``auto`` and
-    ``engine``). `version` moves whenever `faults` changes. None: unknown."""
+    ``engine``). `version` moves whenever `faults` changes. None: unknown.
+
+    `engine_page` (the engine watcher's last /metrics page) spares the engine a second
+    scrape of the same page per refresh: the faults are read from it, at most one refresh
+    old."""
 
     def __init__(
         self,
@@ -355,8 +360,10 @@ class GpuFaultWatcher:
         clock: Clock,
         session: aiohttp.ClientSession,
         nvml: Any = None,
+        engine_page: Callable[[], str | None] | None = None,
     ) -> None:
         self._choice = choice
+        self._engine_page = engine_page
         self._url = choice.dcgm_url or engine_url.rstrip("/") + "/metrics"
         self._refresh = refresh
         self._clock = clock
@@ -405,6 +412,9 @@ class GpuFaultWatcher:
             except Exception as e:  # NVML errors are per call: unknown now, try again
                 log.warning("agent: NVML fault read failed: %s", e)
                 return None
+        if self._engine_page is not None and not self._choice.dcgm_url:
+            page = self._engine_page()
+            return None if page is None else dcgm_faults(page)
         try:
             reply = await fetch(
                 self._session,

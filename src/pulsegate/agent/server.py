@@ -314,8 +314,14 @@ class Agent:
         )
         self._health = HealthServicer()
         self._watcher.on_change(self._engine_changed)
+        watcher = self._watcher
         self._faults = GpuFaultWatcher(
-            self.gpu, self.engine, refresh=self.refresh, clock=self._clock, session=session
+            self.gpu,
+            self.engine,
+            refresh=self.refresh,
+            clock=self._clock,
+            session=session,
+            engine_page=lambda: watcher.metrics_page,
         )
         try:
             await self._watcher.start()

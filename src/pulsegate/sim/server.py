@@ -102,6 +102,9 @@ class Sim:
         self._itl_s = max(0.0, opts.itl_ms) / 1000.0
         self._closing = False
         self._now: Callable[[], float] = time.monotonic  # replaced by loop.time on startup
+        # GETs of /health and /metrics, in /sim/stats: what watching this engine costs it
+        # (an agent's refresh reads each once).
+        self.scrapes = {"health": 0, "metrics": 0}
         # /v1/embeddings, rerank, score, /tokenize, /detokenize (`apis.py`)
         self.pooling = PoolingApis(
             engine=self.engine,
@@ -162,6 +165,7 @@ class Sim:
     # ---- engine endpoints ----
 
     async def health(self, request: web.Request) -> web.Response:
+        self.scrapes["health"] += 1
         if (closed := await self._engine_gate()) is not None:
             return closed
         if self.faults.current(self._now()).mode is F.Mode.WARMING:
@@ -188,6 +192,7 @@ class Sim:
         return json_response({"object": "list", "data": data})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.scrapes["metrics"] += 1
         if (closed := await self._engine_gate()) is not None:
             return closed
         e = self.engine
@@ -376,7 +381,9 @@ class Sim:
         return json_response(self.faults.describe(self._now()))
 
     async def stats(self, request: web.Request) -> web.Response:
-        return json_response({**self.engine.stats(), "api_requests": self.pooling.counts})
+        return json_response(
+            {**self.engine.stats(), "api_requests": self.pooling.counts, "scrapes": self.scrapes}
+        )
 
     async def requests(self, request: web.Request) -> web.Response:
         raw = request.query.get("since")
