@@ -72,6 +72,9 @@ class Engine:
         self.client_requests_total = 0
         self.probe_requests_total = 0
         self.last_client_request_wall: float | None = None
+        # GETs of /health and /metrics: what watching this engine costs it (an agent's
+        # refresh reads each once)
+        self.scrapes = {"health": 0, "metrics": 0}
         # (wall, path, the W3C `traceparent` header if any: the gateway's trace propagation)
         self.arrivals: deque[tuple[float, str, str | None]] = deque(maxlen=ARRIVALS_KEPT)
         self.inflight = 0  # accepted and not yet answered, hung ones included
@@ -174,6 +177,7 @@ class Engine:
             "running": self.running,
             "waiting": self.waiting,
             "last_client_request_wall": self.last_client_request_wall,
+            "scrapes": self.scrapes,
         }
 
     def recent_arrivals(self, since: float | None = None) -> list[dict[str, Any]]:

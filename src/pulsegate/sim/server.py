@@ -102,9 +102,6 @@ class Sim:
         self._itl_s = max(0.0, opts.itl_ms) / 1000.0
         self._closing = False
         self._now: Callable[[], float] = time.monotonic  # replaced by loop.time on startup
-        # GETs of /health and /metrics, in /sim/stats: what watching this engine costs it
-        # (an agent's refresh reads each once).
-        self.scrapes = {"health": 0, "metrics": 0}
         # /v1/embeddings, rerank, score, /tokenize, /detokenize (`apis.py`)
         self.pooling = PoolingApis(
             engine=self.engine,
@@ -165,7 +162,7 @@ class Sim:
     # ---- engine endpoints ----
 
     async def health(self, request: web.Request) -> web.Response:
-        self.scrapes["health"] += 1
+        self.engine.scrapes["health"] += 1
         if (closed := await self._engine_gate()) is not None:
             return closed
         if self.faults.current(self._now()).mode is F.Mode.WARMING:
@@ -192,7 +189,7 @@ class Sim:
         return json_response({"object": "list", "data": data})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        self.scrapes["metrics"] += 1
+        self.engine.scrapes["metrics"] += 1
         if (closed := await self._engine_gate()) is not None:
             return closed
         e = self.engine
@@ -381,20 +378,24 @@ class Sim:
         return json_response(self.faults.describe(self._now()))
 
     async def stats(self, request: web.Request) -> web.Response:
-        return json_response(
-            {**self.engine.stats(), "api_requests": self.pooling.counts, "scrapes": self.scrapes}
-        )
+        return json_response({**self.engine.stats(), "api_requests": self.pooling.counts})
 
     async def requests(self, request: web.Request) -> web.Response:
-        raw = request.query.get("since")
-        try:
-            since = float(raw) if raw is not None else None
-        except ValueError:
-            return error_response(
-                400, f"'since' must be a number (wall seconds), got {raw!r}", "BadRequestError"
-            )
+        since = _since(request.query.get("since"))
+        if isinstance(since, web.Response):
+            return since
         return json_response(
             {"name": self.opts.name, "requests": self.engine.recent_arrivals(since)}
+        )
+
+
+def _since(raw: str | None) -> float | web.Response | None:
+    """`/sim/requests?since=`: wall seconds, or a 400 naming the bad value."""
+    try:
+        return float(raw) if raw is not None else None
+    except ValueError:
+        return error_response(
+            400, f"'since' must be a number (wall seconds), got {raw!r}", "BadRequestError"
         )
 
 
