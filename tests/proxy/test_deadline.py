@@ -60,23 +60,28 @@ def test_an_answer_in_time_leaves_the_set_and_no_sweep_reaches_it() -> None:
     asyncio.run(main())
 
 
-def test_expire_cuts_at_once_and_a_second_expire_changes_nothing() -> None:
+def test_expire_cuts_at_once_tells_then_and_a_second_expire_changes_nothing() -> None:
     async def main() -> None:
         waiting: set[Deadline] = set()
         wait: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
+        told: list[str] = []  # `then`: the first-byte watch, told at the expiry itself
+
         async def attempt() -> None:
-            async with Deadline(1e9, waiting):
+            async with Deadline(1e9, waiting, lambda: told.append("seen")):
                 await wait
 
         task = asyncio.create_task(attempt())
         await _turns()
         (d,) = waiting
         d.expire()  # an ejection of the backend
+        assert told == ["seen"] and not task.done()  # before the cut task runs again
         d.expire()
         with pytest.raises(TimeoutError):
             await task
         assert task.cancelling() == 0
+        d.expire()
+        assert told == ["seen"]
 
     asyncio.run(main())
 

@@ -133,7 +133,7 @@ class AttemptOpener:
         try:
             # Watched while it waits, so an ejection of this backend cuts the wait at once:
             # nothing has reached the client yet, so the request just moves on.
-            async with state.deadline(name, deadline) as cm:
+            async with state.deadline(name, deadline, token) as cm:
                 resp = await pool.post(path, body, extra)
                 got_headers = True
                 if resp.status >= 400:

@@ -16,12 +16,17 @@ The contract is `asyncio.timeout`'s:
 - a cancellation from elsewhere meanwhile (the client went away) stays a cancellation: the
   scope counts the task's cancel requests at entry (`Task.cancelling`), as asyncio's does;
 - `expire()` after the scope was left, or twice, does nothing.
+
+`then` runs at the expiry itself, before the cut task runs again: the first-byte watch is
+told there (`FirstByteWatch.seen`). It checks on the same 50 ms tick as the sweep, and a
+wait whose deadline was cut on that tick is over, not overdue evidence against its
+backend (with a timer per request it had always ended before the tick).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 
 
@@ -29,11 +34,14 @@ class Deadline:
     """`async with Deadline(at, waiting):` raises TimeoutError when `sweep` (or `expire()`)
     finds the body still waiting at `at` (clock seconds). Member of `waiting` meanwhile."""
 
-    __slots__ = ("_cancelling", "_task", "_waiting", "at", "expired")
+    __slots__ = ("_cancelling", "_task", "_then", "_waiting", "at", "expired")
 
-    def __init__(self, at: float, waiting: set[Deadline]) -> None:
+    def __init__(
+        self, at: float, waiting: set[Deadline], then: Callable[[], object] | None = None
+    ) -> None:
         self.at = at
         self._waiting = waiting
+        self._then = then
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
         self.expired = False
@@ -71,6 +79,8 @@ class Deadline:
             return
         self.expired = True
         task.cancel()
+        if self._then is not None:
+            self._then()
 
 
 def sweep(waiting: Iterable[Deadline], now: float) -> int:

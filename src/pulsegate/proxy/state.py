@@ -15,6 +15,7 @@ Nothing here judges a backend: verdicts come through the `Router`, outcomes leav
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import TypeVar
@@ -162,10 +163,12 @@ class ProxyState:
     def unwatch_stream(self, name: str, watch: Watchdog) -> None:
         self._streams[name].discard(watch)
 
-    def deadline(self, name: str, seconds: float) -> Deadline:
+    def deadline(self, name: str, seconds: float, watched: int | None = None) -> Deadline:
         """The deadline of an attempt on `name` waiting for its first byte: expired by the
-        watch loop once `seconds` have passed, or at once if `name` is ejected meanwhile."""
-        return Deadline(self.clock.now() + seconds, self._pending[name])
+        watch loop once `seconds` have passed, or at once if `name` is ejected meanwhile.
+        `watched`: the attempt's first-byte watch token, seen when the deadline expires."""
+        then = None if watched is None else functools.partial(self.first_byte.seen, name, watched)
+        return Deadline(self.clock.now() + seconds, self._pending[name], then)
 
     def unwatch_pending(self, name: str, cm: Deadline) -> None:
         """Before the scope ends: an ejection from now on must not cut this attempt."""
