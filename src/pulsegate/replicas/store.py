@@ -114,7 +114,8 @@ class RedisStore:
                 self._failed(e)
             finally:
                 self.subscribed = False
-                await _quietly(pubsub.aclose())  # type: ignore[no-untyped-call]
+                # redis-py before 8.2 leaves `aclose` untyped, 8.2 types it: either may be here.
+                await _quietly(pubsub.aclose())  # type: ignore[no-untyped-call, unused-ignore]
             await asyncio.sleep(RECONNECT_S)
 
     async def close(self) -> None:
