@@ -49,7 +49,7 @@ from perf.fleet import Target  # noqa: E402
 from perf.procs import Procs, interrupted, stop_on_signals, usage  # noqa: E402
 from pulsegate.epp.envoy import envoy_binary  # noqa: E402
 
-TARGET_NAMES = ("direct", "pulsegate", "nginx", "envoy", "smg", "pulsegate-w2")
+TARGET_NAMES = ("direct", "pulsegate", "nginx", "envoy", "smg", "pyfloor", "pulsegate-w2")
 RATE = 250  # py-spy samples per second
 
 
@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                     targets[name] = fleet.start_nginx(procs, tmp, zero, strm, args.nginx_workers)
                 elif name == "envoy":
                     targets[name] = fleet.start_envoy(procs, tmp, zero, strm)
+                elif name == "pyfloor":
+                    targets[name] = fleet.start_pyfloor(procs, zero, strm)
                 elif name == "smg":
                     targets[name] = fleet.start_smg(procs, zero, strm, args.ready_timeout)
             for alt in args.alt:

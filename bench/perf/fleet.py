@@ -228,6 +228,26 @@ http {{
 _COMMON = 'proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off;'
 
 
+def start_pyfloor(procs: Procs, zero: list[str], stream: list[str]) -> Target:
+    """`perf/floor_proxy.py`, one per fleet to its first engine (as direct): a TCP pipe on
+    uvloop, the least any Python data plane that sees each read can cost here."""
+    children, bases = [], []
+    for fleet_name, urls in (("zero", zero), ("stream", stream)):
+        to = urls[0].removeprefix("http://")
+        argv = [sys.executable, str(HERE / "floor_proxy.py"), "--port", "0", "--to", to]
+        child = procs.start(f"pyfloor-{fleet_name}", argv)
+        children.append(child)
+        bases.append(f"http://127.0.0.1:{child.port}")
+    return Target(
+        "pyfloor",
+        bases[0] + CHAT,
+        bases[1] + CHAT,
+        children,
+        note="pyfloor: a uvloop TCP pipe, 1:1 connections, each read written on as it came "
+        "(perf/floor_proxy.py): no HTTP parsing at all",
+    )
+
+
 def start_nginx(
     procs: Procs, tmp: Path, zero: list[str], stream: list[str], workers: int
 ) -> Target:

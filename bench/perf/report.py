@@ -7,7 +7,7 @@ from typing import Any
 
 NAN = float("nan")
 # Not pulsegate: the baselines, measured beside it and checked against no target.
-PEERS = ("direct", "nginx", "envoy", "smg")
+PEERS = ("direct", "nginx", "envoy", "smg", "pyfloor")
 
 # Issue 4's targets and issue 23's, checked for every pulsegate target: (key, label, op, bound).
 TARGETS: list[tuple[str, str, str, float]] = [
