@@ -19,7 +19,7 @@ from pulsegate.admin import READ_METHODS, Admin, browser_refusal
 from pulsegate.config import Config
 from pulsegate.observe.dashboard import register as register_dashboard
 from pulsegate.observe.view import GatewayView
-from pulsegate.proxy.client_out import AioIncoming, AioStream
+from pulsegate.proxy.client_out import AioIncoming, AioStream, Whole
 from pulsegate.proxy.errors import error_response, reshape
 from pulsegate.proxy.forward import Forwarder
 from pulsegate.proxy.ports import Verdicts
@@ -94,9 +94,12 @@ def build_app(
 
             async def handle(request: web.Request) -> web.StreamResponse:
                 answer = await side.forwarder.handle(AioIncoming(request), path)
-                if not isinstance(answer, web.Response):  # a stream, relayed already; its
-                    return cast(AioStream, answer).response  # `Connection: close` said then
-                resp = reshape(answer, api)
+                if isinstance(answer, Whole):
+                    resp: web.StreamResponse = answer.response()
+                elif isinstance(answer, web.Response):
+                    resp = reshape(answer, api)
+                else:  # a stream, relayed already; its `Connection: close` said then
+                    return cast(AioStream, answer).response
                 if state.shutting_down:
                     resp.force_close()
                 return resp

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 from aiohttp import web
 
-from pulsegate.proxy.client_out import LIMIT
+from pulsegate.proxy.client_out import LIMIT, Whole
 from pulsegate.proxy.errors import error_response, reshape
 from pulsegate.proxy.request import API
 
@@ -109,12 +109,14 @@ def parse_head(buf: bytes, paths: Mapping[bytes, str], max_body: int) -> Head | 
     headers: dict[str, str] = {}
     length: int | None = None
     close = False
-    for line in buf[start:end].split(b"\r\n")[:-1]:
-        raw, _, value = line.partition(b":")
-        name = raw.decode("ascii").lower()
-        text = value.strip(b" \t").decode("utf-8", "surrogateescape")
+    # One decode for the block: its delimiters are ASCII, which never occur inside a UTF-8
+    # sequence, so each value decodes as it would alone (names are ASCII: `_HEADERS`).
+    for line in buf[start:end].decode("utf-8", "surrogateescape").split("\r\n")[:-1]:
+        raw, _, value = line.partition(":")
+        name = raw.lower()
+        text = value.strip(" \t")
         if name == "content-length":
-            if length is not None or not value.strip(b" \t").isdigit():
+            if length is not None or not (text.isascii() and text.isdigit()):
                 return None  # repeated or not a plain number: aiohttp's to judge
             length = int(text)
         elif name in _NOT_OURS:
@@ -307,7 +309,10 @@ class ClientConn:
         path = req.path
         try:
             answer = await routes.forwarder.handle(req, path)
-            if isinstance(answer, web.Response):
+            if isinstance(answer, Whole):  # a backend's answer: the usual case
+                closing = routes.proxy.shutting_down or self._need > 0
+                self._write(answer.status, answer.headers.items(), answer.body, closing)
+            elif isinstance(answer, web.Response):  # the gateway's own: an error, a refusal
                 closing = routes.proxy.shutting_down or self._need > 0
                 self._write_whole(reshape(answer, API[path]), closing)  # type: ignore[arg-type]
             elif self._need:
@@ -350,9 +355,16 @@ class ClientConn:
 
     def _write_whole(self, resp: web.Response, close: bool) -> None:
         body = resp.body
-        data = body if isinstance(body, bytes) else b""
+        self._write(
+            resp.status, resp.headers.items(), body if isinstance(body, bytes) else b"", close
+        )
+
+    def _write(
+        self, status: int, headers: Iterable[tuple[str, str]], data: bytes, close: bool
+    ) -> None:
+        """A whole answer in one write."""
         self._close = self._close or close
-        head = _head(resp.status, resp.headers.items(), self._close)
+        head = _head(status, headers, self._close)
         self.transport.write(b"%bContent-Length: %d\r\n\r\n%b" % (head, len(data), data))
 
     # -- the connection's events -------------------------------------------------------------

@@ -28,7 +28,7 @@ from pulsegate.proxy.affinity import (
 )
 from pulsegate.proxy.attempt import AttemptOpener, Failure
 from pulsegate.proxy.budget import RetryBudget
-from pulsegate.proxy.client_out import BodyTooLarge, Incoming, StreamOut
+from pulsegate.proxy.client_out import BodyTooLarge, Incoming, StreamOut, Whole
 from pulsegate.proxy.dialects.token_ids import first_body
 from pulsegate.proxy.errors import error_response
 from pulsegate.proxy.exchange import CLIENT_CLOSED, Door, Exchange, Recorder
@@ -50,8 +50,9 @@ from pulsegate.proxy.stops import cut_answer
 from pulsegate.proxy.targets import Target
 from pulsegate.proxy.upstream import Response as UpstreamResponse
 
-# What the forwarder answers: a whole answer, or a stream already relayed.
-Answer = web.Response | StreamOut
+# What the forwarder answers: a backend's whole answer, one of the gateway's own (an error,
+# a refusal), or a stream already relayed.
+Answer = Whole | web.Response | StreamOut
 
 # Response headers from the backend that we pass on; everything else (hop-by-hop,
 # server identity, content-length recomputed by aiohttp's server) is dropped.
@@ -276,7 +277,7 @@ class Forwarder:
                 if req.api == "responses" and status == 200:
                     self.affinity.learn_answer(data, name)
                 self.metrics.requests.inc((name, req.model, str(status)))
-                return web.Response(status=status, body=data, headers=headers)
+                return Whole(status, headers, data)
             handed_off = True
             relay = Relay(
                 request,
