@@ -1,0 +1,121 @@
+"""What one request costs when it comes alone: latency and CPU, beside direct and the floor.
+
+`make bench` measures CPU per request at saturation (wrk, 16 connections: every wake-up
+serves several requests, the caches stay warm) and latency at a fixed 400 requests/s. A
+request that arrives alone (the fixed rate is one every 2.5 ms) meets a sleeping process and
+cold caches, and costs several times its saturated CPU; that, not the saturated figure, is
+what the added latency at 400 requests/s is made of. This asks it directly: one keep-alive
+connection, one request at a time (a raw socket client, no client library in the way),
+`--gap` ms apart, against the first engine (direct), pulsegate (`serve`, the default probes,
+four fast engines as in `make bench`) and the floor proxy (`perf/floor_proxy.py`), and the
+gateway's CPU per request from /proc, less what it spends idle (measured before, for as
+long) so the probes and timers are not charged to the requests.
+
+    .venv/bin/python bench/lone.py                 # gaps 0 and 2.5 ms, 2,000 requests each
+    .venv/bin/python bench/lone.py --gaps 0 --n 5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from perf import fleet, load
+from perf.procs import Procs, usage
+
+REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n%b" % (len(load.ZERO_BODY), load.ZERO_BODY)
+)
+
+
+def _answer_done(buf: bytes) -> bool:
+    """A whole answer of Content-Length framing is in `buf` (every target here sends one)."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return False
+    for line in buf[:end].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(buf) >= end + 4 + int(value)
+    raise RuntimeError("an answer without Content-Length: not what the engines send")
+
+
+def one_at_a_time(port: int, n: int, gap_s: float) -> list[float]:
+    """`n` requests on one connection, each after the last answer and `gap_s`; seconds each."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    took = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            s.sendall(REQUEST)
+            buf = b""
+            while not _answer_done(buf):
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise RuntimeError("the connection closed mid-answer")
+                buf += chunk
+            took.append(time.perf_counter() - t0)
+            if gap_s:
+                time.sleep(gap_s)
+    finally:
+        s.close()
+    return sorted(took)
+
+
+def _port(url: str) -> int:
+    return int(url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gaps", default="0,2.5", help="ms between an answer and the next request")
+    ap.add_argument("--n", type=int, default=2000, help="requests per gap and target")
+    args = ap.parse_args()
+    gaps = [float(g) / 1000 for g in args.gaps.split(",")]
+    with tempfile.TemporaryDirectory(prefix="pulsegate-lone-") as tmp_name:
+        tmp = Path(tmp_name)
+        procs = Procs(tmp)
+        try:
+            zero = fleet.start_fleet(procs, "fast", 2, fleet.ZERO_MODEL, 0.0)
+            strm = fleet.start_fleet(procs, "fast", 2, fleet.STREAM_MODEL, 5.0)
+            pg = fleet.start_pulsegate(procs, tmp, zero, strm, 1, 40.0)
+            floor = fleet.start_pyfloor(procs, zero, strm)
+            targets = {"pulsegate": pg, "pyfloor": floor}
+            print(
+                "| gap ms | target | p50 ms | p99 ms | added p50 ms | CPU µs/request, net of idle |"
+            )
+            print("|---:|---|---:|---:|---:|---:|")
+            for gap in gaps:
+                direct = one_at_a_time(_port(zero[0]), args.n, gap)
+                d50 = direct[len(direct) // 2]
+                print(f"| {gap * 1e3:g} | direct | {d50 * 1e3:.3f} | "
+                      f"{direct[int(len(direct) * 0.99)] * 1e3:.3f} | - | - |")  # fmt: skip
+                for name, t in targets.items():
+                    pids = t.pids()
+                    wall = time.monotonic()
+                    one_at_a_time(_port(t.zero_url), 1, 0.0)  # connect outside the window
+                    c0 = usage(pids).cpu_s
+                    took = one_at_a_time(_port(t.zero_url), args.n, gap)
+                    busy_s = usage(pids).cpu_s - c0
+                    wall = time.monotonic() - wall
+                    i0 = usage(pids).cpu_s
+                    time.sleep(min(wall, 10.0))
+                    idle_per_s = (usage(pids).cpu_s - i0) / min(wall, 10.0)
+                    net = (busy_s - idle_per_s * wall) / args.n
+                    p50 = took[len(took) // 2]
+                    print(f"| {gap * 1e3:g} | {name} | {p50 * 1e3:.3f} | "
+                          f"{took[int(len(took) * 0.99)] * 1e3:.3f} | +{(p50 - d50) * 1e3:.3f} | "
+                          f"{net * 1e6:.0f} |")  # fmt: skip
+        finally:
+            procs.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
