@@ -243,7 +243,7 @@ def start_pyfloor(procs: Procs, zero: list[str], stream: list[str]) -> Target:
         bases[0] + CHAT,
         bases[1] + CHAT,
         children,
-        note="pyfloor: a uvloop TCP pipe, 1:1 connections, each read written on as it came "
+        note="a uvloop TCP pipe, 1:1 connections, each read written on as it came "
         "(perf/floor_proxy.py): no HTTP parsing at all",
     )
 
