@@ -237,6 +237,28 @@ def test_an_oversize_or_chunked_body_is_aiohttps(gw: Gateway) -> None:
     s.close()
 
 
+def test_a_backends_whole_answer_is_the_same_through_either_server(gw: Gateway) -> None:
+    """A backend's answer (a `Whole`) reaches the client the same through the lean server
+    and through aiohttp's (a chunked upload): its body, type and the gateway's headers."""
+    s = _conn(gw)
+    chunked = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"%x\r\n%b\r\n0\r\n\r\n" % (len(BODY), BODY)
+    )
+    s.sendall(chunked)
+    reply = read(s, Reply(), 1)
+    s.sendall(post())  # after the answer: a head behind one aiohttp holds is aiohttp's
+    read(s, reply, 2)
+    s.close()
+    assert reply.statuses == [200, 200] and not _lean(reply, 0) and _lean(reply, 1)
+    for body, head in zip(reply.bodies, reply.headers, strict=True):
+        doc = json.loads(body)
+        assert doc["object"] == "chat.completion" and doc["choices"][0]["message"]["content"]
+        assert head["content-type"].startswith("application/json")
+        assert head["x-pulsegate-attempts"] == "1" and head["x-pulsegate-backend"]
+        assert int(head["content-length"]) == len(body)
+
+
 def test_a_long_stream_outlives_the_idle_timer_which_then_closes(gw: Gateway) -> None:
     """`client_idle_timeout` is 1 s; a 100-token stream at 20 ms a token takes 2 s and is
     whole; the connection, idle after it, is closed by the gateway."""
