@@ -98,8 +98,8 @@ def main() -> int:
                       f"{direct[int(len(direct) * 0.99)] * 1e3:.3f} | - | - |")  # fmt: skip
                 for name, t in targets.items():
                     pids = t.pids()
+                    one_at_a_time(_port(t.zero_url), 1, 0.0)  # the upstream pool warm first
                     wall = time.monotonic()
-                    one_at_a_time(_port(t.zero_url), 1, 0.0)  # connect outside the window
                     c0 = usage(pids).cpu_s
                     took = one_at_a_time(_port(t.zero_url), args.n, gap)
                     busy_s = usage(pids).cpu_s - c0
