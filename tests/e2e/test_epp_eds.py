@@ -197,7 +197,17 @@ def test_bad_backend_goes_unhealthy_in_envoy(stack: Stack, fault: str) -> None:
             assert len(set(weights)) >= 3, weights
     finally:
         load.stop()
-    assert load.errors == []
+    # Which of Envoy's ways let an error through: retries run out (each try failed, or the
+    # last redraw landed on a tried backend), a try timed out, or the retry budget was spent.
+    why = {k: stack.envoy.stat(f"cluster.{CLUSTER}.{k}") for k in _GIVE_UP}
+    assert load.errors == [], why
+
+
+_GIVE_UP = (
+    "upstream_rq_retry_limit_exceeded",
+    "upstream_rq_per_try_timeout",
+    "upstream_rq_retry_overflow",
+)
 
 
 def _ramp(st: Stack, timeout: float = 30.0) -> list[int]:
