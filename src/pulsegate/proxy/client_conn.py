@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol, cast
 
 from aiohttp import web
 
@@ -147,8 +147,14 @@ class _Idle:
     its queue of parsed requests), checked once by `usable` at start-up
     (`tests/proxy/test_client_conn.py` fails loudly on an aiohttp that changed them)."""
 
-    ATTRS = ("_next_keepalive_close_time", "_keepalive_handle", "_process_keepalive", "_messages")
-    HOLD_S = 1e9  # "not while served": the timer, if it fires, re-arms itself this far on
+    ATTRS: ClassVar[tuple[str, ...]] = (
+        "_next_keepalive_close_time",
+        "_keepalive_handle",
+        "_process_keepalive",
+        "_messages",
+    )
+    # "Not while served": the timer, if it fires, re-arms itself this far on.
+    HOLD_S: ClassVar[float] = 1e9
 
     @classmethod
     def usable(cls, protocol: object) -> bool:
