@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import Gateway, Sim, backend_entry, fast_probes
+from support import Gateway, Sim, backend_entry, fast_probes, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED: list[str] = runpy.run_path(str(ROOT / "setup.py"), run_name="setup")["COMPILED"]
@@ -64,3 +64,13 @@ def test_a_gateway_the_tests_start_serves_from_the_compiled_library(
     assert r.json()["choices"][0]["message"]["content"]
     maps = Path(f"/proc/{gw.pid}/maps").read_text()
     assert "__mypyc." in maps
+    assert "proxy path: compiled (mypyc)" in gw.log_path.read_text()
+
+
+def test_the_gateway_says_how_its_proxy_path_runs(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """One log line at start, so an operator sees which build serves."""
+    gw = start_gateway({"backends": [backend_entry(start_sim("a"))], "probes": fast_probes()})
+    want = "compiled (mypyc)" if os.environ.get("PULSEGATE_COMPILED") == "1" else "pure Python"
+    wait_until(lambda: f"proxy path: {want}" in gw.log_path.read_text(), 5, what=want)

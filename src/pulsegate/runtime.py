@@ -92,6 +92,14 @@ def install_uvloop() -> None:
         pass
 
 
+def proxy_build() -> str:
+    """How the proxy path runs here: "compiled (mypyc)" when its modules load from the C
+    extensions `make compiled` builds (setup.py), else "pure Python"."""
+    from pulsegate.proxy import relay
+
+    return "compiled (mypyc)" if (relay.__file__ or "").endswith(".so") else "pure Python"
+
+
 def setup_logging(tag: str = "") -> None:
     """Log lines to stderr; `tag` (say "[worker 123]") follows the logger's name."""
     logging.basicConfig(

@@ -52,6 +52,7 @@ async def run_gateway(
     await site.start()
     port = runtime.bound_port(site, cfg.gateway.port)
     print(f"pulsegate listening on http://{cfg.gateway.host}:{port}", flush=True)
+    log.info("proxy path: %s", runtime.proxy_build())
     if replace_pid is not None:
         sockets = getattr(site._server, "sockets", None) or []
         if sockets and replace.steer_to_self(sockets[0], port):
