@@ -92,7 +92,7 @@ screenshot: install
 # pulsegate beside a direct engine and nginx on loopback (docs/performance.md). Installs wrk
 # and nginx with apt-get when missing (root or sudo -n). ~4 min; bench/results/bench.json.
 BENCH_ARGS ?=
-bench: install
+bench: install compiled
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 # CI: the same bench with 1 s phases, nothing asserted, so it never rots (~25 s).

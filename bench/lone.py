@@ -7,7 +7,8 @@ cold caches, and costs several times its saturated CPU; that, not the saturated 
 what the added latency at 400 requests/s is made of. This asks it directly: one keep-alive
 connection, one request at a time (a raw socket client, no client library in the way),
 `--gap` ms apart, against the first engine (direct), pulsegate (`serve`, the default probes,
-four fast engines as in `make bench`) and the floor proxy (`perf/floor_proxy.py`), and the
+four fast engines as in `make bench`), the same compiled when `make compiled` has built it
+(`pulsegate-mypyc`) and the floor proxy (`perf/floor_proxy.py`), and the
 gateway's CPU per request from /proc, less what it spends idle (measured before, for as
 long) so the probes and timers are not charged to the requests.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from perf import fleet, load
 from perf.procs import Procs, usage
 
+COMPILED = Path(__file__).resolve().parents[1] / "build" / "compiled"  # `make compiled`
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
     b"Content-Length: %d\r\n\r\n%b" % (len(load.ZERO_BODY), load.ZERO_BODY)
@@ -87,6 +89,10 @@ def main() -> int:
             pg = fleet.start_pulsegate(procs, tmp, zero, strm, 1, 40.0)
             floor = fleet.start_pyfloor(procs, zero, strm)
             targets = {"pulsegate": pg, "pyfloor": floor}
+            if (COMPILED / ".built").exists():
+                targets["pulsegate-mypyc"] = fleet.start_pulsegate(
+                    procs, tmp, zero, strm, 1, 40.0, "pulsegate-mypyc", COMPILED
+                )
             print(
                 "| gap ms | target | p50 ms | p99 ms | added p50 ms | CPU µs/request, net of idle |"
             )

