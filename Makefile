@@ -71,6 +71,7 @@ COMPILED_DIR = build/compiled
 COMPILED_STAMP = $(COMPILED_DIR)/.built
 $(COMPILED_STAMP): setup.py pyproject.toml $(shell find src/pulsegate -name '*.py') $(STAMP) $(PROTO_OUT)
 	rm -rf $(COMPILED_DIR)
+	$(PY) -m pip install -q 'setuptools>=77' wheel  # the build backend, without isolation
 	PULSEGATE_MYPYC=1 $(PY) -m pip install -q --no-build-isolation --no-deps --target $(COMPILED_DIR) .
 	touch $(COMPILED_STAMP)
 
