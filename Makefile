@@ -66,7 +66,8 @@ test: lint
 
 # The proxy path compiled by mypyc (setup.py's COMPILED), installed apart in build/compiled
 # so that it never shadows the sources `make install` runs from; PYTHONPATH=build/compiled
-# runs it. About 2 minutes of gcc. test-compiled runs the proxy's tests against it.
+# runs it. About 2 minutes of gcc. test-compiled runs the tests of the proxy path (the proxy,
+# the front door, observation, proxy workers, stalls, the balancer) against it.
 COMPILED_DIR = build/compiled
 COMPILED_STAMP = $(COMPILED_DIR)/.built
 $(COMPILED_STAMP): setup.py pyproject.toml $(shell find src/pulsegate -name '*.py') $(STAMP) $(PROTO_OUT)
@@ -79,7 +80,8 @@ compiled: install $(COMPILED_STAMP)
 
 test-compiled: compiled
 	PULSEGATE_COMPILED=1 PYTHONPATH=$(COMPILED_DIR) $(PY) -m pytest -n $(TEST_WORKERS) \
-		--dist loadfile tests/proxy tests/test_balancer.py tests/test_compiled.py $(PYTEST_ARGS)
+		--dist loadfile tests/proxy tests/front tests/observe tests/cluster tests/stall \
+		tests/test_balancer.py tests/test_compiled.py $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
