@@ -28,7 +28,6 @@ from pathlib import Path
 from perf import fleet, load
 from perf.procs import Procs, usage
 
-COMPILED = Path(__file__).resolve().parents[1] / "build" / "compiled"  # `make compiled`
 REQUEST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
     b"Content-Length: %d\r\n\r\n%b" % (len(load.ZERO_BODY), load.ZERO_BODY)
@@ -89,9 +88,9 @@ def main() -> int:
             pg = fleet.start_pulsegate(procs, tmp, zero, strm, 1, 40.0)
             floor = fleet.start_pyfloor(procs, zero, strm)
             targets = {"pulsegate": pg, "pyfloor": floor}
-            if (COMPILED / ".built").exists():
+            if fleet.compiled_built():
                 targets["pulsegate-mypyc"] = fleet.start_pulsegate(
-                    procs, tmp, zero, strm, 1, 40.0, "pulsegate-mypyc", COMPILED
+                    procs, tmp, zero, strm, 1, 40.0, "pulsegate-mypyc", fleet.COMPILED
                 )
             print(
                 "| gap ms | target | p50 ms | p99 ms | added p50 ms | CPU µs/request, net of idle |"

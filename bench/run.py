@@ -61,8 +61,6 @@ TARGET_NAMES = (
     "pyfloor",
     "pulsegate-w2",
 )
-# `make compiled`'s tree: the proxy path compiled by mypyc (setup.py), run as pulsegate-mypyc.
-COMPILED = REPO / "build" / "compiled"
 RATE = 250  # py-spy samples per second
 
 
@@ -283,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     if "smg" in args.targets and fleet.smg_binary() is None:
         print("smg skipped: not installed (pip install smg; not a dependency)", file=sys.stderr)
         args.targets.remove("smg")
-    if "pulsegate-mypyc" in args.targets and not (COMPILED / ".built").exists():
+    if "pulsegate-mypyc" in args.targets and not fleet.compiled_built():
         print("pulsegate-mypyc skipped: not built (make compiled)", file=sys.stderr)
         args.targets.remove("pulsegate-mypyc")
     if not args.have_wrk:
@@ -320,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 elif name == "pulsegate-mypyc":
                     targets[name] = fleet.start_pulsegate(
-                        procs, tmp, zero, strm, 1, args.ready_timeout, name, COMPILED
+                        procs, tmp, zero, strm, 1, args.ready_timeout, name, fleet.COMPILED
                     )
                 elif name == "pulsegate-w2":
                     targets[name] = fleet.start_pulsegate(

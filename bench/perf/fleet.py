@@ -30,6 +30,15 @@ HERE = Path(__file__).resolve().parent
 ZERO_MODEL = "bench-zero"
 STREAM_MODEL = "bench-stream"
 CHAT = "/v1/chat/completions"
+# `make compiled`'s tree: the proxy path compiled by mypyc (setup.py), run as pulsegate-mypyc.
+COMPILED = HERE.parents[1] / "build" / "compiled"
+
+
+def compiled_built() -> bool:
+    """`make compiled` has finished its tree (it writes `.built` last)."""
+    return (COMPILED / ".built").exists()
+
+
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
 
 
