@@ -4,14 +4,18 @@ Under PULSEGATE_COMPILED=1 (set by `make test-compiled`, with PYTHONPATH=build/c
 every module setup.py names must load from its C extension, so the proxy tests that run
 beside this one exercise the compiled code and not the sources. In the plain suite, the
 list must hold the request path's modules (it is a glob of proxy/: a moved directory would
-empty it unseen).
+empty it unseen), and the records made per request or per token must be plain classes: a
+dataclass's `__init__` or a NamedTuple's constructor stays an interpreted call when
+compiled (profiled at one such call per token and six per request before they were changed).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import runpy
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,8 +36,28 @@ def test_the_list_holds_the_request_path() -> None:
     names = {_module(p) for p in COMPILED}
     hot = {"client_conn", "upstream_conn", "relay", "pipe", "sse", "dialects.chat"}
     assert {f"pulsegate.proxy.{m}" for m in hot} | {"pulsegate.balancer"} <= names
-    assert "pulsegate.proxy.exchange" not in names
+    assert "pulsegate.proxy.exchange" in names
     assert all((ROOT / p).is_file() for p in COMPILED)
+
+
+def _records() -> list[type]:
+    """Made per request (the head, the parsed request, the record, the attempt, the opened
+    upstream) or per streamed event."""
+    from pulsegate.proxy.attempt import Opened
+    from pulsegate.proxy.client_conn import Head
+    from pulsegate.proxy.exchange import Attempt, Exchange
+    from pulsegate.proxy.request import ProxyRequest
+    from pulsegate.proxy.sse import Event
+
+    return [Head, ProxyRequest, Exchange, Attempt, Opened, Event]
+
+
+@pytest.mark.parametrize("cls", _records(), ids=lambda c: c.__name__)
+def test_the_hot_records_are_plain_classes(cls: type) -> None:
+    assert not dataclasses.is_dataclass(cls)
+    assert not issubclass(cls, tuple)
+    compiled = not isinstance(cls.__init__, types.FunctionType)
+    assert compiled == (os.environ.get("PULSEGATE_COMPILED") == "1")
 
 
 @pytest.mark.skipif(os.environ.get("PULSEGATE_COMPILED") != "1", reason="make test-compiled")

@@ -66,13 +66,16 @@ class Failure:
     response: web.Response | None = None
 
 
-@dataclass(slots=True)
 class Opened:
-    """An upstream whose first byte arrived: a stream's first chunk, or an answer whole."""
+    """An upstream whose first byte arrived: a stream's first chunk, or an answer whole.
+    (A plain class, made per request: see `request.ProxyRequest`.)"""
 
-    target: Target
-    resp: Response
-    first: bytes
+    __slots__ = ("first", "resp", "target")
+
+    def __init__(self, target: Target, resp: Response, first: bytes) -> None:
+        self.target = target
+        self.resp = resp
+        self.first = first
 
 
 # The tracer's hook (`observe/traces.py`): the headers that carry this attempt's trace

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 
 from aiohttp import web
 
@@ -69,12 +69,19 @@ class Routes(Protocol):
     proxy: ProxyState
 
 
-class Head(NamedTuple):
-    path: str
-    headers: dict[str, str]
-    length: int  # the body's Content-Length
-    close: bool  # the client said `Connection: close`
-    end: int  # where the body starts in the bytes parsed
+class Head:
+    """A request head served here (a plain class: native when compiled, see `sse.Event`)."""
+
+    __slots__ = ("close", "end", "headers", "length", "path")
+
+    def __init__(
+        self, path: str, headers: dict[str, str], length: int, close: bool, end: int
+    ) -> None:
+        self.path = path
+        self.headers = headers
+        self.length = length  # the body's Content-Length
+        self.close = close  # the client said `Connection: close`
+        self.end = end  # where the body starts in the bytes parsed
 
 
 # What `parse_head` returns for a head not yet whole.
@@ -142,9 +149,10 @@ def _may_be_ours(buf: bytes) -> bool:
 class _Idle:
     """aiohttp's idle timer of one connection, held off while a request is served here,
     and whether aiohttp holds requests not yet answered (pipelined behind one it serves:
-    a head after them is theirs to answer first). Four private attributes of aiohttp's
+    a head after them is theirs to answer first). Five private attributes of aiohttp's
     `RequestHandler` (its keep-alive close time, the timer's handle, the method it runs,
-    its queue of parsed requests), checked once by `usable` at start-up
+    its queue of parsed requests, its idle timeout: the public property is an interpreted
+    call per request), checked once by `usable` at start-up
     (`tests/proxy/test_client_conn.py` fails loudly on an aiohttp that changed them)."""
 
     ATTRS: ClassVar[tuple[str, ...]] = (
@@ -152,6 +160,7 @@ class _Idle:
         "_keepalive_handle",
         "_process_keepalive",
         "_messages",
+        "_keepalive_timeout",
     )
     # "Not while served": the timer, if it fires, re-arms itself this far on.
     HOLD_S: ClassVar[float] = 1e9
@@ -170,7 +179,7 @@ class _Idle:
 
     @staticmethod
     def restart(p: web.RequestHandler, loop: asyncio.AbstractEventLoop) -> None:
-        timeout = p.keepalive_timeout
+        timeout: float = p._keepalive_timeout
         if not timeout:
             return
         close_at = loop.time() + timeout

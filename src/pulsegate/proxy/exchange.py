@@ -15,7 +15,6 @@ limits, and is told when the request ends so it can correct the tokens it estima
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -26,50 +25,81 @@ if TYPE_CHECKING:
 CLIENT_CLOSED = 499
 
 
-@dataclass(slots=True)
 class Attempt:
     """One upstream request made for the exchange: a first try, a retry or a resume."""
 
-    backend: str
-    start: float  # clock seconds (monotonic)
-    end: float = 0.0
-    status: int | None = None  # the backend's HTTP status, None: no answer
-    outcome: str = ""  # "ok", or the failure's outcome (`health.observations.Outcome`)
-    resume: bool = False
+    __slots__ = ("backend", "end", "outcome", "resume", "start", "status")
+
+    def __init__(self, backend: str, start: float, resume: bool = False) -> None:
+        self.backend = backend
+        self.start = start  # clock seconds (monotonic)
+        self.end = 0.0
+        self.status: int | None = None  # the backend's HTTP status, None: no answer
+        self.outcome = ""  # "ok", or the failure's outcome (`health.observations.Outcome`)
+        self.resume = resume
 
 
-@dataclass(slots=True)
 class Exchange:
-    start: float  # clock seconds (monotonic) at arrival
-    wall: float  # time.time() at arrival: the access log's and the trace's timestamps
-    path: str
-    api: str  # chat, completions, ...: the `api` label
-    key: str | None = None  # the client key's name (never the key)
-    model: str | None = None
-    stream: bool = False
-    # The backends tried, in order, first attempts and resumes (the same list the proxy
-    # path keeps to never try a backend twice).
-    backends: list[str] = field(default_factory=list)
-    attempts: list[Attempt] = field(default_factory=list)
-    status: int = 0  # what the client got (a stream that ended in an error event: 200)
-    error: str | None = None  # the error code the client got, in the body or the stream
-    ttft: float | None = None  # seconds from arrival to the first byte sent to the client
-    tokens_in: int | None = None  # the answer's `usage`, when the backend sent one
-    tokens_out: int | None = None
-    resumes: int = 0
-    hedges: int = 0
-    end: float = 0.0
-    # W3C trace context the client sent (`traceparent`), for the tracer.
-    traceparent: str | None = None
-    # Headers the door adds to the answer (`x-ratelimit-*`).
-    reply_headers: Mapping[str, str] | None = None
-    # Who the door identified (its own record of the caller), handed back to it at the end,
-    # and what it charged at admission (the estimated tokens; -1: nothing taken).
-    ticket: object = None
-    charged: int = -1
-    # The tracer's ids for this request (`observe/traces.py`), made at its first upstream
-    # attempt so the backend gets a `traceparent`; None: not traced.
-    trace: object = None
+    """The record of one request, made at arrival. Plain classes, these two, made per
+    request: mypyc compiles them to native ones (a dataclass's generated `__init__` stays an
+    interpreted call there)."""
+
+    __slots__ = (
+        "api",
+        "attempts",
+        "backends",
+        "charged",
+        "end",
+        "error",
+        "hedges",
+        "key",
+        "model",
+        "path",
+        "reply_headers",
+        "resumes",
+        "start",
+        "status",
+        "stream",
+        "ticket",
+        "tokens_in",
+        "tokens_out",
+        "trace",
+        "traceparent",
+        "ttft",
+        "wall",
+    )
+
+    def __init__(self, start: float, wall: float, path: str, api: str) -> None:
+        self.start = start  # clock seconds (monotonic) at arrival
+        self.wall = wall  # time.time() at arrival: the access log's and the trace's timestamps
+        self.path = path
+        self.api = api  # chat, completions, ...: the `api` label
+        self.key: str | None = None  # the client key's name (never the key)
+        self.model: str | None = None
+        self.stream = False
+        # The backends tried, in order, first attempts and resumes (the same list the proxy
+        # path keeps to never try a backend twice).
+        self.backends: list[str] = []
+        self.attempts: list[Attempt] = []
+        self.status = 0  # what the client got (a stream that ended in an error event: 200)
+        self.error: str | None = None  # the error code the client got, in the body or stream
+        self.ttft: float | None = None  # seconds from arrival to the first byte to the client
+        self.tokens_in: int | None = None  # the answer's `usage`, when the backend sent one
+        self.tokens_out: int | None = None
+        self.resumes = 0
+        self.hedges = 0
+        self.end = 0.0
+        # W3C trace context the client sent (`traceparent`), for the tracer.
+        self.traceparent: str | None = None
+        # Headers the door adds to the answer (`x-ratelimit-*`).
+        self.reply_headers: Mapping[str, str] | None = None
+        # Who the door identified (its own record of the caller), handed back to it at the
+        # end, and what it charged at admission (the estimated tokens; -1: nothing taken).
+        self.ticket: object = None
+        self.charged = -1
+        # The tracer's ids for this request (`observe/traces.py`), made at its first
+        # upstream attempt so the backend gets a `traceparent`; None: not traced.
+        self.trace: object = None
 
     def attempt(self, backend: str, now: float, resume: bool = False) -> Attempt:
         a = Attempt(backend, now, resume=resume)

@@ -102,20 +102,49 @@ class Limits:
         )
 
 
-@dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field, per request
 class ProxyRequest:
-    path: str
-    api: str  # the `API` label: chat, completions, responses, messages, embeddings, ...
-    body: bytes
-    doc: dict[str, Any]
-    model: str
-    stream: bool
-    session_key: str | None
-    # Backends that cannot serve it (not its API, `n` beyond their `max_n`): never picked.
-    avoid: Sequence[str]
-    # Seconds an attempt may wait for its first byte.
-    deadline: float
-    stops: tuple[str, ...]
+    """A parsed request, made once per request: a plain class, so that mypyc compiles its
+    `__init__` (a dataclass's is generated and stays interpreted; a frozen one also costs a
+    setattr call per field)."""
+
+    __slots__ = (
+        "api",
+        "avoid",
+        "body",
+        "deadline",
+        "doc",
+        "model",
+        "path",
+        "session_key",
+        "stops",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        path: str,
+        api: str,
+        body: bytes,
+        doc: dict[str, Any],
+        model: str,
+        stream: bool,
+        session_key: str | None,
+        avoid: Sequence[str],
+        deadline: float,
+        stops: tuple[str, ...],
+    ) -> None:
+        self.path = path
+        self.api = api  # the `API` label: chat, completions, responses, messages, embeddings...
+        self.body = body
+        self.doc = doc
+        self.model = model
+        self.stream = stream
+        self.session_key = session_key
+        # Backends that cannot serve it (not its API, `n` beyond their `max_n`): never picked.
+        self.avoid = avoid
+        # Seconds an attempt may wait for its first byte.
+        self.deadline = deadline
+        self.stops = stops
 
 
 def parse(
