@@ -70,11 +70,14 @@ test: lint
 # the front door, observation, proxy workers, stalls, the balancer) against it.
 COMPILED_DIR = build/compiled
 COMPILED_STAMP = $(COMPILED_DIR)/.built
+# The stamp takes the time the build started: a source edited while gcc runs is newer, so
+# the next `make compiled` builds again instead of keeping what read the old file.
 $(COMPILED_STAMP): setup.py pyproject.toml $(shell find src/pulsegate -name '*.py') $(STAMP) $(PROTO_OUT)
 	rm -rf $(COMPILED_DIR)
 	$(PY) -m pip install -q 'setuptools>=77' wheel  # the build backend, without isolation
-	PULSEGATE_MYPYC=1 $(PY) -m pip install -q --no-build-isolation --no-deps --target $(COMPILED_DIR) .
-	touch $(COMPILED_STAMP)
+	start=$$(date +%s.%N) && \
+	PULSEGATE_MYPYC=1 $(PY) -m pip install -q --no-build-isolation --no-deps --target $(COMPILED_DIR) . && \
+	touch -d "@$$start" $(COMPILED_STAMP)
 
 compiled: install $(COMPILED_STAMP)
 
