@@ -6,7 +6,7 @@ beside this one exercise the compiled code and not the sources. In the plain sui
 list must hold the request path's modules (it is a glob of proxy/: a moved directory would
 empty it unseen), and the records made per request or per token must be plain classes: a
 dataclass's `__init__` or a NamedTuple's constructor stays an interpreted call when
-compiled (profiled at one such call per token and six per request before they were changed).
+compiled (profiled at one such call per token and five per request before they were changed).
 """
 
 from __future__ import annotations
