@@ -72,8 +72,11 @@ COMPILED_DIR = build/compiled
 COMPILED_STAMP = $(COMPILED_DIR)/.built
 # The stamp takes the time the build started: a source edited while gcc runs is newer, so
 # the next `make compiled` builds again instead of keeping what read the old file.
+# setuptools' build/lib.* goes too: it keeps every extension an earlier build made, and the
+# wheel takes them all, so a module dropped from COMPILED would stay compiled (its .so
+# shadows its source). build/temp.* (the objects) stays, as gcc's cache.
 $(COMPILED_STAMP): setup.py pyproject.toml $(shell find src/pulsegate -name '*.py') $(STAMP) $(PROTO_OUT)
-	rm -rf $(COMPILED_DIR)
+	rm -rf $(COMPILED_DIR) build/lib.* build/bdist.*
 	$(PY) -m pip install -q 'setuptools>=77' wheel  # the build backend, without isolation
 	start=$$(date +%s.%N) && \
 	PULSEGATE_MYPYC=1 $(PY) -m pip install -q --no-build-isolation --no-deps --target $(COMPILED_DIR) . && \

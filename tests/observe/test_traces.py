@@ -237,8 +237,13 @@ def test_retry_and_resume_are_child_spans(
     receiver: Receiver,
 ) -> None:
     """A retried request has a failed first attempt span (error.type) and an ok retry; a
-    stream broken mid-way has a resume span; each attempt's id reached its backend."""
-    sims = [start_sim(n, "--ttft-ms", "5", "--itl-ms", "15") for n in ("a", "b")]
+    stream broken mid-way has a resume span; each attempt's id reached its backend.
+
+    Three backends: the one error can take `a`'s score under `eject_below` (how far depends
+    on how many requests the session search sent it first), and a stall is cut only where
+    the stream can go on (`Relay.may_cut`); with two, a stream on `b` then had nowhere to
+    resume and waited for its request timeout."""
+    sims = [start_sim(n, "--ttft-ms", "5", "--itl-ms", "15") for n in ("a", "b", "c")]
     gw = start_gateway(
         {
             **_config(sims, receiver, streaming={"stall_timeout": "500ms"}),
@@ -272,10 +277,11 @@ def test_retry_and_resume_are_child_spans(
     assert attrs(failed)["error.type"]
     assert failed.status.code == failed.status.STATUS_CODE_ERROR
     assert "error.type" not in attrs(ok)
+    assert attrs(ok)["pulsegate.backend"] != "a"
     assert failed.span_id.hex() in " ".join(_sim_traceparents(sims[0]))
-    assert ok.span_id.hex() in " ".join(_sim_traceparents(sims[1]))
+    assert ok.span_id.hex() in " ".join(tp for s in sims[1:] for tp in _sim_traceparents(s))
 
-    # A stream whose backend stalls after a few tokens is resumed on the other.
+    # A stream whose backend stalls after a few tokens is resumed on another.
     sims[0].fault("none")
     stream_trace = "33333333333333333333333333333333"
     sbody = {**body, "max_tokens": 40, "stream": True}
