@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from typing import Any
 
 import orjson
@@ -198,3 +200,17 @@ def test_durations_as_openai_writes_them() -> None:
     assert [duration(s) for s in (0.0, 0.0201, 1.5, 59.0, 360.0, 61.25)] == [
         "0s", "21ms", "1.5s", "59s", "6m0s", "1m1.25s"
     ]  # fmt: skip
+
+
+def test_a_gateway_without_redis_never_loads_redis_py() -> None:
+    """redis-py is about a tenth of a second of a gateway's start: the serving modules (one
+    process or a primary and its workers) load it only where `cluster.redis` names a Redis
+    (`front_door`, `HealthService`)."""
+    code = (
+        "import sys, pulsegate.server, pulsegate.cluster.primary, pulsegate.cluster.worker\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'redis'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -32,16 +32,19 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from pulsegate.clock import Clock
 from pulsegate.config import Config
 from pulsegate.front.fleet import FleetLimits
-from pulsegate.front.fleet_sync import FleetSync
 from pulsegate.front.keys import Caller, KeyRing, presented
 from pulsegate.front.limits import Account, LimitStore, LocalLimits, Quota
 from pulsegate.proxy.exchange import Exchange
 from pulsegate.proxy.metrics import ProxyMetrics
 from pulsegate.proxy.request import ProxyRequest, Rejection
+
+if TYPE_CHECKING:
+    from pulsegate.front.fleet_sync import FleetSync
 
 BYTES_PER_TOKEN = 4
 # The label of refusals that have no key name (no key, an unknown key): not a valid name.
@@ -199,6 +202,9 @@ def front_door(
         return FrontDoor(ring, old.store, metrics, old.sync, url)
     if url is None or clock is None:
         return FrontDoor(ring, LocalLimits(ring.quotas, now), metrics)
+    # redis-py loads only where a Redis is named: it is a tenth of a second of every start.
+    from pulsegate.front.fleet_sync import FleetSync
+
     fleet = FleetLimits(ring.quotas, now, participant(), cfg.gateway.workers)
     return FrontDoor(ring, fleet, metrics, FleetSync(fleet, url, clock), url)
 
