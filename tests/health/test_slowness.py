@@ -3,7 +3,12 @@ and the fleet wiring, on plain floats and a fake clock (no sleep)."""
 
 from __future__ import annotations
 
+import random
+import statistics
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pulsegate.health import slowness
 from pulsegate.health.machine import Event
@@ -13,7 +18,7 @@ from pulsegate.health.signals import Signals
 from pulsegate.health.slowness import CLEAR_RATIO, SLOW_RATIO, SLOW_WINDOW_S, Reading, SlowWatch
 from pulsegate.health.verdict import State
 
-from .harness import Harness
+from .harness import FAIL, MICRO_OK, OK, READY, Harness, health_with
 
 
 def _sig(ttft: float | None = None, probe: float | None = None, at: float = 0.0) -> Signals:
@@ -23,6 +28,10 @@ def _sig(ttft: float | None = None, probe: float | None = None, at: float = 0.0)
     if probe is not None:
         s.record_probe(ProbeResult(ProbeKind.MICRO, ok=True, latency_s=probe), at)
     return s
+
+
+def _peers(signals: list[Signals], now: float) -> slowness.Peers:
+    return slowness.Peers.among(signals, now)
 
 
 def _r(ratio: float) -> Reading:
@@ -47,25 +56,25 @@ def test_read_takes_the_latest_probe_sample_and_falls_back_to_ttft() -> None:
     own = _sig(ttft=0.5, probe=0.2, at=0.0)
     peer = _sig(ttft=0.1, probe=0.05)
     peer.record_probe(ProbeResult(ProbeKind.CANARY, ok=True, latency_s=0.1), 0.0)
-    r = slowness.read(own, [peer, peer], 1.0)
+    r = slowness.read(own, _peers([peer, peer], 1.0), 1.0)
     assert r is not None and r.source == "micro" and r.ratio == pytest.approx(4.0)
     assert r.words() == "micro-inference 200 ms is 4.0x its 2 peers' median (50 ms)"
     # A canary came after it: the newest probe counts, the micro-inference outlier is gone.
     own.record_probe(ProbeResult(ProbeKind.CANARY, ok=True, latency_s=0.12), 0.5)
-    r = slowness.read(own, [peer], 1.0)
+    r = slowness.read(own, _peers([peer], 1.0), 1.0)
     assert r is not None and r.source == "canary" and r.ratio == pytest.approx(1.2)
     assert "its peer's median" in r.words()
     # The latest sample, not the average: one 0.6 s canary after it reads 6x at once.
     own.record_probe(ProbeResult(ProbeKind.CANARY, ok=True, latency_s=0.6), 0.8)
-    r = slowness.read(own, [peer], 1.0)
+    r = slowness.read(own, _peers([peer], 1.0), 1.0)
     assert r is not None and r.ratio == pytest.approx(6.0)
     # No peer has a probe latency: smoothed TTFT against smoothed TTFT.
-    r = slowness.read(own, [_sig(ttft=0.1), _sig(ttft=0.1)], 1.0)
+    r = slowness.read(own, _peers([_sig(ttft=0.1), _sig(ttft=0.1)], 1.0), 1.0)
     assert r is not None and r.source == "ttft" and r.ratio == pytest.approx(5.0)
-    assert slowness.read(own, [], 1.0) is None
-    assert slowness.read(_sig(), [_sig(ttft=0.1)], 1.0) is None
+    assert slowness.read(own, _peers([], 1.0), 1.0) is None
+    assert slowness.read(_sig(), _peers([_sig(ttft=0.1)], 1.0), 1.0) is None
     # Stale (30 s): unknown, no evidence.
-    assert slowness.read(own, [_sig(ttft=0.1)], 40.0) is None
+    assert slowness.read(own, _peers([_sig(ttft=0.1)], 40.0), 40.0) is None
 
 
 # -- the window and the hysteresis ------------------------------------------------------------
@@ -149,7 +158,7 @@ def _slow_watch(ratio: float = 5.0) -> tuple[SlowWatch, float]:
     own = _sig(ttft=0.05 * ratio)
     peers = [_sig(ttft=0.05), _sig(ttft=0.05)]
     w = SlowWatch(own)
-    w.peers = lambda: peers
+    w.peers = lambda now: _peers(peers, now)
     assert w.judge(State.READY, None, 0.0) is None
     return w, SLOW_WINDOW_S
 
@@ -236,6 +245,102 @@ def test_fleet_a_fleet_slow_together_is_not_slow() -> None:
     assert "slow" not in h.causes("a") + h.causes("b") + h.causes("c")
 
 
+# -- the peers, gathered once per model set and instant ----------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.001, 0.02, 0.05, 0.05, 0.3, 2.5]) | st.none(), max_size=9))
+def test_the_median_less_one_member_is_the_median_of_the_others(ttfts: list[float | None]) -> None:
+    """Each member's peers' median, read from the one sorted set, is the median of the others'
+    values: repeated values, members with no value and an empty rest included."""
+    members = {f"b{i}": _sig(ttft=v) for i, v in enumerate(ttfts)}
+    latencies = slowness.Latencies(members, 1.0)
+    for i, own in enumerate(ttfts):
+        others = [v for j, v in enumerate(ttfts) if j != i and v is not None]
+        want = (statistics.median(others), len(others)) if others else None
+        assert latencies.median("ttft", own) == want
+        assert slowness.Peers(latencies, member=True).median("ttft", own) == want
+    known = [v for v in ttfts if v is not None]
+    whole = (statistics.median(known), len(known)) if known else None
+    assert latencies.median("ttft") == whole  # not a member: every value counts
+    assert latencies.median("micro") is None  # no member has one
+
+
+def _one_by_one(h: Harness, name: str) -> slowness.Peers:
+    """`name`'s peers gathered the way the rule states them: every other backend that serves
+    one of its models and is ready or degraded."""
+    fleet = h.fleet
+    me = fleet.backend(name)
+    peers = [
+        fleet.backend(n).signals
+        for n in fleet.names()
+        if n != name
+        and fleet.backend_models(n) & me.models
+        and fleet.state(n) in (State.READY, State.DEGRADED)
+    ]
+    return slowness.Peers.among(peers, h.now)
+
+
+def test_the_fleets_shared_peers_read_as_the_peers_gathered_one_by_one() -> None:
+    """Backends of two models and of both, in every state that counts or does not: what the
+    fleet hands each one (one gathering per model set, kept while nothing moves) reads the
+    same as its peers gathered one by one, also right after an observation or a state change
+    at the same instant."""
+    h = Harness(names=[f"b{i}" for i in range(12)], models=("m1",))
+    for i, n in enumerate(h.fleet.names()):
+        h.fleet.set_models(n, ("m1",) if i < 5 else ("m2",) if i < 9 else ("m1", "m2"))
+    rng = random.Random(5)
+
+    def same() -> None:
+        for n in h.fleet.names():
+            b = h.fleet.backend(n)
+            shared, alone = b.slow.peers(h.now), _one_by_one(h, n)
+            assert slowness.read(b.signals, shared, h.now) == slowness.read(b.signals, alone, h.now)
+            assert slowness.smoothed(b.signals, shared, h.now) == slowness.smoothed(
+                b.signals, alone, h.now
+            )
+
+    for n in h.fleet.names()[:-2]:  # the last two stay cold: no one's peers
+        h.obs(n, READY)
+    for _ in range(40):
+        h.tick(0.1)
+        for n in h.fleet.names():
+            k = 4.0 if n in ("b1", "b6", "b10") else 1.0
+            h.obs(n, ProbeResult(ProbeKind.MICRO, True, 0.05 * k * (1 + rng.random())))
+            h.obs(n, RequestResult(Outcome.OK, ttft_s=0.1 * k * (1 + rng.random())))
+        same()
+    h.feed("b2", FAIL, 6)  # ejected at this same instant: no longer a peer
+    assert h.fleet.state("b2") is State.EJECTED
+    same()
+    h.obs("b3", ProbeResult(ProbeKind.MICRO, True, 9.0))  # observed at this same instant
+    same()
+    assert h.fleet.backend("b0").slow.peers(h.now).median("micro", None) is not None
+
+
+def test_a_backend_that_rejoins_in_a_tick_is_a_peer_for_the_backends_after_it() -> None:
+    """`a` ends its probation in a tick (first in order): the others, evaluated in the same
+    tick, already count it, as they did when each gathered its peers itself."""
+    h = Harness(names=list("abcde"), health=health_with(evaluate_interval=0.1))
+    h.make_ready()
+    h.run(3.0, h.healthy_traffic())
+    h.fleet.eject("a", h.now)
+
+    def probes(h: Harness) -> None:
+        for n in "abcde":
+            h.obs(n, READY)
+            h.obs(n, MICRO_OK)
+            if n != "a":
+                h.obs(n, OK)
+
+    for _ in range(1000):
+        back = [t for t in h.run(0.1, probes) if t.backend == "a" and t.to_state is State.READY]
+        if back:
+            break
+    assert back, "a never came back"
+    last = h.fleet.backend("e").slow.last
+    assert last is not None and last.peers == 4
+
+
 # -- the routing weight -----------------------------------------------------------------------
 
 
@@ -249,12 +354,12 @@ def test_smoothed_reads_the_smoothed_probe_then_ttft() -> None:
     own, peer = Signals(0.5), _sig(ttft=0.1, probe=0.05)
     own.record_probe(ProbeResult(ProbeKind.MICRO, ok=True, latency_s=0.05), 0.0)
     own.record_probe(ProbeResult(ProbeKind.MICRO, ok=True, latency_s=0.45), 0.5)
-    r = slowness.smoothed(own, [peer, peer], 1.0)
+    r = slowness.smoothed(own, _peers([peer, peer], 1.0), 1.0)
     # alpha 0.5: (0.05 + 0.45) / 2 = 0.25 against 0.05, where `read` sees the last 0.45.
     assert r is not None and r.source == "micro" and r.ratio == pytest.approx(5.0)
-    r = slowness.smoothed(_sig(ttft=0.3), [_sig(ttft=0.1)], 1.0)
+    r = slowness.smoothed(_sig(ttft=0.3), _peers([_sig(ttft=0.1)], 1.0), 1.0)
     assert r is not None and r.source == "ttft" and r.ratio == pytest.approx(3.0)
-    assert slowness.smoothed(own, [], 1.0) is None
+    assert slowness.smoothed(own, _peers([], 1.0), 1.0) is None
 
 
 def test_fleet_a_backend_slow_from_its_start_gets_little_weight() -> None:

@@ -61,6 +61,10 @@ class Fleet:
         if len(self._by_name) != len(self._order):
             raise ValueError("backend names must be unique")
         self._groups: dict[str, tuple[BackendHealth, ...]] = {}
+        # The peers' latencies of each model set (`_peers`), with the `_moves` they were
+        # gathered at: kept while nothing is observed, no state changes and time stands.
+        self._latencies: dict[frozenset[str], tuple[int, slowness.Latencies]] = {}
+        self._moves = 0
         self._regroup()
         self.version = 0  # moves whenever any verdict or the panic set changes
         self._cache: dict[str | None, tuple[int, tuple[Verdict, ...]]] = {}
@@ -83,6 +87,7 @@ class Fleet:
             self._now = now
         v = b.version
         out = b.observe(obs, now)
+        self._moves += 1
         if b.version != v:
             self.version += 1
             if out:
@@ -97,10 +102,12 @@ class Fleet:
         out: list[Transition] = []
         changed = False
         for b in self._order:
-            v = b.version
+            v, state = b.version, b.state
             out.extend(b.tick(now))
             if b.version != v:
                 changed = True
+            if b.state is not state:
+                self._moves += 1  # a set of peers changed
         if changed:
             self.version += 1
         if out:
@@ -152,6 +159,7 @@ class Fleet:
     def _admin(self, name: str, now: float, out: Sequence[Transition]) -> list[Transition]:
         if now > self._now:
             self._now = now
+        self._moves += 1
         if out:
             self.version += 1
             self._update_panic(now)
@@ -275,10 +283,26 @@ class Fleet:
         """A new backend's health, cold, as at start."""
         b = BackendHealth(c, h, p, self._rng, now)
         b.peer_latency = functools.partial(self._peer_latency, b)
-        b.slow.peers = lambda: slowness.peer_signals(b, self._groups)
+        b.slow.peers = functools.partial(self._peers, b)
         return b
 
+    def _peers(self, b: BackendHealth, now: float) -> slowness.Peers:
+        """`b`'s peers at `now`: the other backends serving traffic for one of its models.
+        Their latencies are gathered once per model set and instant, for every backend of
+        that set, until something is observed or changes state (`_moves`) or time moves."""
+        key = b.models
+        found = self._latencies.get(key)
+        if found is None or found[0] != self._moves or found[1].now != now:
+            members = [p for m in sorted(key) for p in self._groups.get(m, ())]
+            found = self._latencies[key] = (
+                self._moves,
+                slowness.Latencies(slowness.serving(members), now),
+            )
+        latencies = found[1]
+        return slowness.Peers(latencies, b.name in latencies.names)
+
     def _regroup(self) -> None:
+        self._latencies.clear()  # the model sets may be others
         groups: dict[str, list[BackendHealth]] = {}
         for b in self._order:
             for m in b.models:
