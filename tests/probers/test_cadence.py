@@ -30,6 +30,7 @@ from pulsegate.probers.micro import Inference
 from pulsegate.probers.payload import Api
 from pulsegate.probers.readiness import Readiness
 from pulsegate.probers.scheduler import ProbeIO
+from pulsegate.probers.waits import Wake
 
 R, M, C = ProbeKind.READINESS, ProbeKind.MICRO, ProbeKind.CANARY
 
@@ -73,12 +74,59 @@ def test_delays_by_kind_stable_and_unstable() -> None:
         assert 1 - JITTER <= slow <= 1 + JITTER and fast == slow
 
 
+# -- the poke a pause waits on ------------------------------------------------------------
+
+
+async def test_a_wake_waits_its_time_and_leaves_no_timer() -> None:
+    c = ManualClock()
+    w = Wake()
+    task = asyncio.create_task(w.wait(c, 1.0))
+    await _turns()
+    c.advance(0.999)
+    await _turns()
+    assert not task.done()
+    c.advance(0.002)
+    await _turns()
+    assert task.done() and task.result() is False
+    assert c.pending() == 0
+
+
+async def test_a_wake_set_while_waiting_ends_the_wait_at_once() -> None:
+    c = ManualClock()
+    w = Wake()
+    task = asyncio.create_task(w.wait(c, 10.0))
+    await _turns()
+    w.set()
+    await _turns()
+    assert task.done() and task.result() is True
+    assert c.pending() == 0  # its timer went with it
+
+
+async def test_a_poke_before_the_wait_is_kept_until_cleared() -> None:
+    """A poke that came during the probe ends the next wait without one; `clear` forgets it,
+    and a wait of no time says only whether it is set."""
+    c = ManualClock()
+    w = Wake()
+    w.set()
+    assert await w.wait(c, 10.0) is True
+    assert await w.wait(c, 0.0) is True and w.is_set()
+    w.clear()
+    assert await w.wait(c, 0.0) is False and not w.is_set()
+    task = asyncio.create_task(w.wait(c, 10.0))
+    await _turns()
+    task.cancel()  # a cancelled wait (the loop closing) leaves nothing behind either
+    await _turns()
+    assert task.cancelled() and c.pending() == 0
+    w.set()  # and a later poke finds no waiter to wake
+    assert w.is_set()
+
+
 # -- pause --------------------------------------------------------------------------------
 
 
 def _pausing(
     c: ManualClock,
-    wake: asyncio.Event,
+    wake: Wake,
     unstable: Callable[[], bool],
     *,
     failed: bool = False,
@@ -99,7 +147,7 @@ async def test_stable_pause_lasts_the_slow_delay_asking_at_each_fast_mark() -> N
         asked.append(c.now() - t0)
         return False
 
-    task = _pausing(c, asyncio.Event(), unstable)
+    task = _pausing(c, Wake(), unstable)
     for _ in range(3):
         await _turns()
         c.advance(0.25)
@@ -115,7 +163,7 @@ async def test_stable_pause_lasts_the_slow_delay_asking_at_each_fast_mark() -> N
 async def test_unstable_pause_lasts_the_fast_delay() -> None:
     """Unstable: the pause ends at the first fast mark."""
     c = ManualClock()
-    task = _pausing(c, asyncio.Event(), lambda: True)
+    task = _pausing(c, Wake(), lambda: True)
     await _turns()
     c.advance(0.2)
     await _turns()
@@ -129,7 +177,7 @@ async def test_turning_unstable_mid_pause_ends_it_at_the_next_fast_mark() -> Non
     """A backend that turns unstable during a stable pause is probed within one fast delay."""
     c = ManualClock()
     state = {"unstable": False}
-    task = _pausing(c, asyncio.Event(), lambda: state["unstable"])
+    task = _pausing(c, Wake(), lambda: state["unstable"])
     await _turns()
     await _walk(c, 0.375)
     state["unstable"] = True
@@ -143,7 +191,7 @@ async def test_a_failed_round_pauses_only_the_fast_delay() -> None:
     """Right after this loop's own probe failed, the next round comes at the fast delay,
     even while stable."""
     c = ManualClock()
-    task = _pausing(c, asyncio.Event(), lambda: False, failed=True)
+    task = _pausing(c, Wake(), lambda: False, failed=True)
     await _turns()
     c.advance(0.25)
     await _turns()
@@ -154,7 +202,7 @@ async def test_a_poke_ends_the_pause_but_not_before_the_minimum_gap() -> None:
     """A poke ends the pause at once, yet never sooner than `POKE_MIN_GAP_S` after the
     previous probe started."""
     c = ManualClock()
-    wake = asyncio.Event()
+    wake = Wake()
     task = _pausing(c, wake, lambda: False, slow=10.0, fast=5.0)
     await _turns()
     c.advance(0.05)
@@ -173,7 +221,7 @@ async def test_a_poke_well_after_the_last_probe_ends_the_pause_at_once() -> None
     """A poke more than `POKE_MIN_GAP_S` after the previous probe started ends the pause
     without the clock moving."""
     c = ManualClock()
-    wake = asyncio.Event()
+    wake = Wake()
     started = c.now()
     c.advance(POKE_MIN_GAP_S + 0.5)
     task = asyncio.create_task(pause(c, wake, started, 10.0, 5.0, False, lambda: False))

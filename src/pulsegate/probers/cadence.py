@@ -7,14 +7,13 @@ cadence is tested on a `ManualClock` without a backend or a sleep.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import random
 from collections.abc import Callable
 
 from pulsegate.clock import Clock
 from pulsegate.config import ProbesConfig
-from pulsegate.probers.waits import sleep, wait_event
+from pulsegate.probers.waits import Wake, sleep
 
 # Unstable micro-inference and canary run this many times faster (3-5 s -> 1-1.7 s, R14).
 UNSTABLE_SPEEDUP = 3.0
@@ -52,7 +51,7 @@ def delays(probes: ProbesConfig, kind: Kind, rng: random.Random) -> tuple[float,
 
 async def pause(
     clock: Clock,
-    wake: asyncio.Event,
+    wake: Wake,
     started: float,
     slow: float,
     fast: float,
@@ -66,7 +65,7 @@ async def pause(
     checkpoint = min(fast, slow)
     while True:
         left = checkpoint - (clock.now() - started)
-        if left > 0 and await wait_event(clock, wake, left):
+        if left > 0 and await wake.wait(clock, left):
             gap = POKE_MIN_GAP_S - (clock.now() - started)
             if gap > 0:
                 await sleep(clock, gap)

@@ -66,7 +66,7 @@ from pulsegate.probers.micro import Inference, probe_inference
 from pulsegate.probers.payload import Api, CanaryText, canary_body, micro_body, probe_api
 from pulsegate.probers.readiness import Readiness, probe_readiness
 from pulsegate.probers.scrape import scrape_engine
-from pulsegate.probers.waits import wait_event
+from pulsegate.probers.waits import Wake
 
 log = logging.getLogger("pulsegate.probers")
 
@@ -94,7 +94,7 @@ class _Backend:
     api: Api = Api.COMPLETIONS
     not_ready: bool = False  # the engine answered readiness and said: cannot serve yet
     answered: asyncio.Event = field(default_factory=asyncio.Event)  # first readiness done
-    wake: dict[Kind, asyncio.Event] = field(default_factory=dict)
+    wake: dict[Kind, Wake] = field(default_factory=dict)
     canary_bodies: dict[tuple[str, Api], bytes] = field(default_factory=dict)
     logged: dict[str, str] = field(default_factory=dict)  # topic -> last state logged
     metrics: EngineMetricsReader = field(default_factory=EngineMetricsReader)
@@ -158,7 +158,7 @@ class Prober:
                 kinds.append(Kind.METRICS)
             if self._probes.connect.interval > 0:
                 kinds.append(Kind.CONNECT)
-            b.wake = {k: asyncio.Event() for k in kinds}
+            b.wake = {k: Wake() for k in kinds}
             self._backends[cfg.name] = b
             for kind in kinds:
                 task = asyncio.create_task(
@@ -181,8 +181,8 @@ class Prober:
         """Wake the pausing probe loops of backend `name` now (unknown names are ignored)."""
         b = self._backends.get(name)
         if b is not None:
-            for event in b.wake.values():
-                event.set()
+            for wake in b.wake.values():
+                wake.set()
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -198,7 +198,7 @@ class Prober:
             await b.answered.wait()
             # Spread the first probes of many backends over a tenth of an interval.
             spread = self._rng.uniform(0.0, 0.1 * self._delays(kind)[0])
-            await wait_event(self._clock, b.wake[kind], spread)
+            await b.wake[kind].wait(self._clock, spread)
         while True:
             started = self._clock.now()
             failed = False
