@@ -59,7 +59,7 @@ from pulsegate.health.observations import (
     ProbeResult,
 )
 from pulsegate.probers.cadence import Kind, delays, pause
-from pulsegate.probers.dial import dial
+from pulsegate.probers.dial import Addresses, dial
 from pulsegate.probers.engine_metrics import EngineMetricsReader
 from pulsegate.probers.http import PROBE_HEADER, new_probe_session
 from pulsegate.probers.micro import Inference, probe_inference
@@ -133,6 +133,7 @@ class Prober:
         self._set_models_cb = set_models
         self._rng = rng
         self._clock = clock
+        self._addresses = Addresses()  # where the connect probe's hosts resolve
         self._via_agent_cb = micro_via_agent
         self._owns_cb = owns  # gateway replicas: is this one's micro-inference and canary ours
         self._backends: dict[str, _Backend] = {}
@@ -308,7 +309,9 @@ class Prober:
         return False
 
     async def _connect(self, b: _Backend) -> bool:
-        r = await self._io.connect(b.cfg.url, self._probes.connect.timeout, self._clock)
+        r = await self._io.connect(
+            b.cfg.url, self._probes.connect.timeout, self._clock, self._addresses
+        )
         if r is None:  # our own shortage (file descriptors, ports): no evidence either way
             return False
         if r.ok:
