@@ -23,6 +23,9 @@ the `/metrics` scrape on every backend):
   at its own core's limit. Connect times (aiohttp's trace) and the kernel's listen-drop
   and SYN-retransmit counters say whether waiting happened before the gateway's accept.
 
+`--compiled`: every gateway runs `make compiled`'s build (the proxy path compiled by
+mypyc; `build/compiled`, as `make bench`'s pulsegate-mypyc).
+
 `--pyspy`: after the largest probing point's window, py-spy on that gateway (where the
 probing CPU goes). 1,000 streams hold ~2,000 sockets in the gateway: `pulsegate serve`
 raises its soft RLIMIT_NOFILE to the hard limit itself (`runtime.raise_fd_limit`); this
@@ -74,6 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ready-timeout", type=float, default=60.0)
     ap.add_argument("--max-seconds", type=int, default=600, help="hard limit for the whole run")
     ap.add_argument("--pyspy", action="store_true", help="py-spy the largest probing point")
+    ap.add_argument(
+        "--compiled", action="store_true", help="run make compiled's build (build/compiled)"
+    )
     ap.add_argument("--quick", action="store_true", help="smallest points, < 60 s")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file")
     ap.add_argument("--client", type=Path, default=None, help=argparse.SUPPRESS)
@@ -86,6 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.streams = [int(x) for x in str(args.streams).split(",") if x]
     if args.tokens * args.itl_ms / 1000 < args.ramp_s + 1:
         ap.error("--tokens x --itl-ms must outlast --ramp-s by 1 s: no window with all open")
+    if args.compiled and not fleet.compiled_built():
+        ap.error("--compiled: no build/compiled (run `make compiled` first)")
+    args.src = fleet.COMPILED if args.compiled else None
     name = "scale-quick.json" if args.quick else "scale.json"
     args.out = args.out or REPO / "bench" / "results" / name
     return args
@@ -242,7 +251,7 @@ def probing(
     args: argparse.Namespace, procs: Procs, tmp: Path, n: int, urls: list[str]
 ) -> dict[str, Any]:
     """One gateway on `n` backends, no client load: CPU and RSS over `idle_s`."""
-    t = fleet.start_pulsegate(procs, tmp, urls[:n], [], 1, args.ready_timeout, f"pg-b{n}")
+    t = fleet.start_pulsegate(procs, tmp, urls[:n], [], 1, args.ready_timeout, f"pg-b{n}", args.src)
     pid = t.roots[0].pid
     base = t.zero_url.removesuffix(CHAT)
     _until(clock() + args.warm_s)
@@ -370,7 +379,7 @@ def streams(
 ) -> dict[str, Any]:
     """`s` streams direct to one engine port, then through a fresh gateway on every port."""
     direct = run_streams(args, procs, tmp, urls[0] + CHAT, s, engine, engine)
-    t = fleet.start_pulsegate(procs, tmp, [], urls, 1, args.ready_timeout, f"pg-s{s}")
+    t = fleet.start_pulsegate(procs, tmp, [], urls, 1, args.ready_timeout, f"pg-s{s}", args.src)
     pid = t.roots[0].pid
     # A few streams first: lazy imports and the first pools are start-up, not per stream.
     asyncio.run(_warm(t.stream_url))
