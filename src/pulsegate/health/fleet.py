@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import random
-import statistics
 from collections.abc import Iterable, Sequence
 
 from pulsegate.config import BackendConfig, HealthConfig, ProbesConfig
@@ -54,6 +53,7 @@ class Fleet:
     ) -> None:
         self._health = health
         self._rng = rng
+        self._peers = slowness.FleetPeers()  # who each backend is compared with
         self._order: tuple[BackendHealth, ...] = tuple(
             self._fresh(b, health, probes, now) for b in backends
         )
@@ -61,10 +61,6 @@ class Fleet:
         if len(self._by_name) != len(self._order):
             raise ValueError("backend names must be unique")
         self._groups: dict[str, tuple[BackendHealth, ...]] = {}
-        # The peers' latencies of each model set (`_peers`), with the `_moves` they were
-        # gathered at: kept while nothing is observed, no state changes and time stands.
-        self._latencies: dict[frozenset[str], tuple[int, slowness.Latencies]] = {}
-        self._moves = 0
         self._regroup()
         self.version = 0  # moves whenever any verdict or the panic set changes
         self._cache: dict[str | None, tuple[int, tuple[Verdict, ...]]] = {}
@@ -87,7 +83,7 @@ class Fleet:
             self._now = now
         v = b.version
         out = b.observe(obs, now)
-        self._moves += 1
+        self._peers.moved()
         if b.version != v:
             self.version += 1
             if out:
@@ -107,7 +103,7 @@ class Fleet:
             if b.version != v:
                 changed = True
             if b.state is not state:
-                self._moves += 1  # a set of peers changed
+                self._peers.moved()  # a set of peers changed
         if changed:
             self.version += 1
         if out:
@@ -159,7 +155,7 @@ class Fleet:
     def _admin(self, name: str, now: float, out: Sequence[Transition]) -> list[Transition]:
         if now > self._now:
             self._now = now
-        self._moves += 1
+        self._peers.moved()
         if out:
             self.version += 1
             self._update_panic(now)
@@ -282,49 +278,17 @@ class Fleet:
     ) -> BackendHealth:
         """A new backend's health, cold, as at start."""
         b = BackendHealth(c, h, p, self._rng, now)
-        b.peer_latency = functools.partial(self._peer_latency, b)
-        b.slow.peers = functools.partial(self._peers, b)
+        b.peer_latency = functools.partial(self._peers.probe_latency, b)
+        b.slow.peers = functools.partial(self._peers.of, b)
         return b
 
-    def _peers(self, b: BackendHealth, now: float) -> slowness.Peers:
-        """`b`'s peers at `now`: the other backends serving traffic for one of its models.
-        Their latencies are gathered once per model set and instant, for every backend of
-        that set, until something is observed or changes state (`_moves`) or time moves."""
-        key = b.models
-        found = self._latencies.get(key)
-        if found is None or found[0] != self._moves or found[1].now != now:
-            members = [p for m in sorted(key) for p in self._groups.get(m, ())]
-            found = self._latencies[key] = (
-                self._moves,
-                slowness.Latencies(slowness.serving(members), now),
-            )
-        latencies = found[1]
-        return slowness.Peers(latencies, b.name in latencies.names)
-
     def _regroup(self) -> None:
-        self._latencies.clear()  # the model sets may be others
         groups: dict[str, list[BackendHealth]] = {}
         for b in self._order:
             for m in b.models:
                 groups.setdefault(m, []).append(b)
         self._groups = {m: tuple(bs) for m, bs in sorted(groups.items())}
-
-    def _peer_latency(self, b: BackendHealth, now: float) -> float | None:
-        """The median smoothed probe latency of `b`'s peers serving traffic (ready or
-        degraded) for any model `b` serves; None without one. Asked at the end of a
-        probation, not per request."""
-        seen: set[str] = {b.name}
-        values: list[float] = []
-        for m in b.models:
-            for p in self._groups.get(m, ()):
-                if p.name in seen:
-                    continue
-                seen.add(p.name)
-                if p.state is State.READY or p.state is State.DEGRADED:
-                    v = p.signals.latency_s(now)
-                    if v is not None:
-                        values.append(v)
-        return statistics.median(values) if values else None
+        self._peers.regroup(self._groups)
 
     def _over_threshold(self, group: Sequence[BackendHealth]) -> tuple[bool, int, int]:
         total = 0

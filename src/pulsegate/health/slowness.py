@@ -247,6 +247,57 @@ def serving(members: Sequence[Member]) -> dict[str, Signals]:
     return {m.name: m.signals for m in members if m.state in _SERVING}
 
 
+class FleetPeers:
+    """Who each backend of a fleet compares itself with: the backends serving one of its
+    models (the fleet's `groups`). Their latencies are gathered once per model set and
+    instant and shared by every backend of the set, until the fleet says something `moved`
+    (an observation, a change of state) or time moves."""
+
+    __slots__ = ("_groups", "_latencies", "_moves")
+
+    def __init__(self) -> None:
+        self._groups: Mapping[str, Sequence[Member]] = {}
+        # Per model set: the `_moves` the latencies were gathered at, and the latencies.
+        self._latencies: dict[frozenset[str], tuple[int, Latencies]] = {}
+        self._moves = 0
+
+    def regroup(self, groups: Mapping[str, Sequence[Member]]) -> None:
+        """The fleet's model groups changed (a reload, models discovered)."""
+        self._groups = groups
+        self._latencies.clear()
+
+    def moved(self) -> None:
+        """Something was observed or changed state: gather the latencies again."""
+        self._moves += 1
+
+    def of(self, b: Member, now: float) -> Peers:
+        """`b`'s peers at `now`: the other backends serving traffic for one of its models."""
+        key = b.models
+        found = self._latencies.get(key)
+        if found is None or found[0] != self._moves or found[1].now != now:
+            members = [p for m in sorted(key) for p in self._groups.get(m, ())]
+            found = self._latencies[key] = (self._moves, Latencies(serving(members), now))
+        latencies = found[1]
+        return Peers(latencies, b.name in latencies.names)
+
+    def probe_latency(self, b: Member, now: float) -> float | None:
+        """The median smoothed probe latency of `b`'s peers serving traffic (ready or
+        degraded) for any model `b` serves; None without one. Asked at the end of a
+        probation, not per request."""
+        seen: set[str] = {b.name}
+        values: list[float] = []
+        for m in b.models:
+            for p in self._groups.get(m, ()):
+                if p.name in seen:
+                    continue
+                seen.add(p.name)
+                if p.state in _SERVING:
+                    v = p.signals.latency_s(now)
+                    if v is not None:
+                        values.append(v)
+        return statistics.median(values) if values else None
+
+
 def _no_peers(now: float) -> Peers:
     return Peers(Latencies({}, now))
 
