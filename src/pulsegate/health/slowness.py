@@ -27,9 +27,9 @@ that turned slow a minute after start, or whose baseline was learned slow, kept 
   evaluation.
 
 Time is passed in; `SlowWatch` is the one per-backend memory. The fleet sees every backend, so
-it hands each watch a way to find its peers (`Peers`): one `Latencies` per model set and
-instant, sorted once and shared by every backend it holds, so a backend's peers' median is a
-bisect. (Gathered per backend, the peers made a fleet's evaluations O(n²): at 1,000 backends
+it hands each watch a way to find its peers (`FleetPeers.of`, a `Peers`): one `Latencies` per
+model set and instant, sorted once and shared by every backend it holds, so a backend's
+peers' median is a bisect. (Gathered per backend, the peers made a fleet's evaluations O(n²): at 1,000 backends
 each 100 ms tick took 70 ms.)
 """
 
@@ -320,7 +320,7 @@ class SlowWatch:
 
     def __init__(self, own: Signals) -> None:
         self._own = own
-        # Set by the fleet: the backend's peers at an instant (`Fleet._peers`).
+        # Set by the fleet: the backend's peers at an instant (`FleetPeers.of`).
         self.peers: Callable[[float], Peers] = _no_peers
         self.since: float | None = None  # start of the current spell at or over SLOW_RATIO
         self._samples = 0  # distinct probe samples in that spell (evaluations, for TTFT)
