@@ -29,8 +29,8 @@ that turned slow a minute after start, or whose baseline was learned slow, kept 
 Time is passed in; `SlowWatch` is the one per-backend memory. The fleet sees every backend, so
 it hands each watch a way to find its peers (`FleetPeers.of`, a `Peers`): one `Latencies` per
 model set and instant, sorted once and shared by every backend it holds, so a backend's
-peers' median is a bisect. (Gathered per backend, the peers made a fleet's evaluations O(n²): at 1,000 backends
-each 100 ms tick took 70 ms.)
+peers' median is a bisect. (Gathered per backend, the peers made a fleet's evaluations
+O(n²): at 1,000 backends each 100 ms tick took 70 ms.)
 """
 
 from __future__ import annotations
