@@ -284,17 +284,10 @@ class FleetPeers:
         """The median smoothed probe latency of `b`'s peers serving traffic (ready or
         degraded) for any model `b` serves; None without one. Asked at the end of a
         probation, not per request."""
-        seen: set[str] = {b.name}
-        values: list[float] = []
-        for m in b.models:
-            for p in self._groups.get(m, ()):
-                if p.name in seen:
-                    continue
-                seen.add(p.name)
-                if p.state in _SERVING:
-                    v = p.signals.latency_s(now)
-                    if v is not None:
-                        values.append(v)
+        peers = serving([p for m in b.models for p in self._groups.get(m, ())])
+        peers.pop(b.name, None)
+        found = (s.latency_s(now) for s in peers.values())
+        values = [v for v in found if v is not None]
         return statistics.median(values) if values else None
 
 

@@ -10,14 +10,17 @@ our own stalls.
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
 from pulsegate.clock import Clock
+
+T = TypeVar("T")
 
 
 async def sleep(clock: Clock, seconds: float) -> None:
     """Return after `seconds` of `clock` time."""
     done = asyncio.get_running_loop().create_future()
-    handle = clock.call_later(seconds, _resolve, done)
+    handle = clock.call_later(seconds, _settle, done, None)
     try:
         await done
     finally:
@@ -69,7 +72,7 @@ async def wait_future(clock: Clock, fut: asyncio.Future[None], seconds: float) -
     """Return when `fut` is done or after `seconds` of `clock` time, whichever comes first;
     `fut` is left as it is."""
     timer = asyncio.get_running_loop().create_future()
-    handle = clock.call_later(seconds, _resolve, timer)
+    handle = clock.call_later(seconds, _settle, timer, None)
     try:
         await asyncio.wait((fut, timer), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -77,11 +80,6 @@ async def wait_future(clock: Clock, fut: asyncio.Future[None], seconds: float) -
         timer.cancel()
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _settle(fut: asyncio.Future[bool], value: bool) -> None:
+def _settle(fut: asyncio.Future[T], value: T) -> None:
     if not fut.done():
         fut.set_result(value)
